@@ -1,0 +1,44 @@
+# Yardmaster: the two front-door commands are `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: run test lint bench eval venv clean
+
+venv: $(STAMP)
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[dev]"
+	@rm -f $(VENV)/.installed-* && touch $@
+
+## Serve the portal at http://127.0.0.1:8000 with a Celery worker, beat and simulated node agents.
+run: venv
+	@bash scripts/run-demo.sh
+
+## The whole test suite against real PostgreSQL and Redis (started here if installed but stopped).
+test: venv
+	@bash scripts/services.sh
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/yardmaster} \
+	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} \
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy scheduling/core scheduling/sim nodeagent
+	$(PY) -m mypy portal tenants scheduling
+	$(VENV)/bin/lint-imports
+	SECRET_KEY=lint $(PY) manage.py makemigrations --check --dry-run
+
+## Benchmarks: they print their figures; nothing here asserts a time.
+bench: venv
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+## Trace replay of the Philly month: tables and plots under docs/eval/.
+eval: venv
+	$(PY) -m scheduling.sim --trace scheduling/sim/data/philly_sep2017.csv --nodes 256,192,160 --out docs/eval
+
+clean:
+	rm -rf var/ .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,374 @@
+"""Cluster (spine -> leaf -> node -> GPU), jobs, tasks, allocations, events, telemetry.
+
+Models hold fields and constraints; the rules live in services.py and scheduling/core.
+The database is the last line of defence: a GPU can never have two live allocations.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+
+from scheduling.states import JobState, TaskState
+from tenants.models import OrgUnit
+
+# --------------------------------------------------------------------------- cluster
+
+
+class Spine(models.Model):
+    name = models.CharField(max_length=64, unique=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Leaf(models.Model):
+    name = models.CharField(max_length=64, unique=True)
+    spine = models.ForeignKey(Spine, on_delete=models.PROTECT, related_name="leaves")
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name_plural = "leaves"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class NodeState(models.TextChoices):
+    READY = "READY", "Ready"
+    NOT_READY = "NOT_READY", "Not ready"  # missed heartbeats; may come back
+    DRAINING = "DRAINING", "Draining"  # takes no new work (admin or agent asked)
+    DOWN = "DOWN", "Down"  # lost: its gangs were requeued, it is fenced when it returns
+
+
+class Node(models.Model):
+    name = models.CharField(max_length=64, unique=True)
+    leaf = models.ForeignKey(Leaf, on_delete=models.PROTECT, related_name="nodes")
+    address = models.CharField(max_length=255, blank=True, help_text="Host or IP the workloads reach each other on")
+    gpu_type = models.CharField(max_length=32, db_index=True)
+    state = models.CharField(max_length=10, choices=NodeState.choices, default=NodeState.NOT_READY, db_index=True)
+    state_reason = models.CharField(max_length=255, blank=True)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
+    simulated = models.BooleanField(default=False, help_text="GPUs simulated by the agent (--simulate)")
+    token_hash = models.CharField(max_length=64, blank=True, db_index=True)
+    agent_version = models.CharField(max_length=32, blank=True)
+    cpus = models.PositiveIntegerField(default=0)
+    memory_mb = models.PositiveIntegerField(default=0)
+    registered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Gpu(models.Model):
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=64, unique=True)
+    gpu_type = models.CharField(max_length=32)
+    model_name = models.CharField(max_length=100, blank=True)
+    memory_mb = models.PositiveIntegerField(default=0)
+    nvlink_domain = models.CharField(max_length=64)
+    pcie_switch = models.CharField(max_length=64)
+    numa_node = models.CharField(max_length=64)
+    healthy = models.BooleanField(default=True)
+    # Latest telemetry from the agent (null: the metric failed or was never reported).
+    utilization_pct = models.FloatField(null=True, blank=True)
+    memory_used_mb = models.FloatField(null=True, blank=True)
+    temperature_c = models.FloatField(null=True, blank=True)
+    power_w = models.FloatField(null=True, blank=True)
+    telemetry_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["node__name", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_node_index")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/gpu{self.index}"
+
+
+class GpuWindow(models.Model):
+    """Telemetry folded into fixed one-minute windows (as Run:ai measures idleness)."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="windows")
+    start = models.DateTimeField()
+    samples = models.PositiveIntegerField(default=0)
+    utilization_sum = models.FloatField(default=0)
+    utilization_max = models.FloatField(default=0)
+    memory_used_max_mb = models.FloatField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["gpu", "start"], name="gpuwindow_unique_gpu_start")]
+        indexes = [models.Index(fields=["start"])]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_id} @ {self.start:%H:%M}"
+
+    @property
+    def utilization_mean(self) -> float:
+        return self.utilization_sum / self.samples if self.samples else 0.0
+
+
+class XidEvent(models.Model):
+    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="xid_events")
+    time = models.DateTimeField(default=timezone.now)
+    code = models.PositiveIntegerField()
+
+    class Meta:
+        ordering = ["-time"]
+
+    def __str__(self) -> str:
+        return f"XID {self.code} on GPU {self.gpu_id}"
+
+
+class EnrolmentToken(models.Model):
+    """Lets an agent register a new node (each node name once). Stored hashed."""
+
+    name = models.CharField(max_length=100)
+    token_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+class Tier(models.IntegerChoices):
+    PRODUCTION = 1, "1 · production"
+    RESEARCH = 2, "2 · research"
+    SPOT = 3, "3 · spot"
+
+
+class JobKind(models.TextChoices):
+    BATCH = "batch", "Batch"
+    NOTEBOOK = "notebook", "Notebook"
+
+
+class Job(models.Model):
+    name = models.CharField(max_length=200)
+    team = models.ForeignKey(OrgUnit, on_delete=models.PROTECT, related_name="jobs")
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="jobs")
+    tier = models.PositiveSmallIntegerField(choices=Tier.choices, default=Tier.RESEARCH)
+    kind = models.CharField(max_length=10, choices=JobKind.choices, default=JobKind.BATCH)
+    # gang shape: replicas x gpus_per_replica GPUs of one type, all or nothing
+    replicas = models.PositiveIntegerField(default=1)
+    gpus_per_replica = models.PositiveIntegerField(default=1)
+    gpu_type = models.CharField(max_length=32)
+    cpus_per_replica = models.PositiveIntegerField(default=4)
+    memory_mb_per_replica = models.PositiveIntegerField(default=16384)
+    command = models.TextField(blank=True)
+    env = models.JSONField(default=dict, blank=True)
+    time_limit_s = models.PositiveIntegerField(default=24 * 3600)
+    checkpoint_dir = models.CharField(max_length=1024, blank=True)
+    priority = models.IntegerField(default=0)
+    # lifecycle
+    state = models.CharField(max_length=10, choices=JobState.choices, default=JobState.PENDING, db_index=True)
+    attempt = models.PositiveIntegerField(default=1)
+    submitted_at = models.DateTimeField(default=timezone.now, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    exit_code = models.IntegerField(null=True, blank=True)
+    # what the scheduler said about it last
+    pending_reason = models.TextField(blank=True)
+    estimated_start = models.DateTimeField(null=True, blank=True)
+    reservation_domain = models.CharField(max_length=64, blank=True)
+    locality = models.CharField(max_length=16, blank=True)
+    leaves_spanned = models.PositiveSmallIntegerField(default=0)
+    borrowed = models.BooleanField(default=False, help_text="Runs beyond its team's guarantee: reclaimable")
+    # stop orders (cancel, preemption, idle reaping, time limit)
+    stop_requested_at = models.DateTimeField(null=True, blank=True)
+    stop_reason = models.CharField(max_length=32, blank=True)  # CANCELLED, PREEMPTED, IDLE_TIMEOUT, TIME_LIMIT
+    stop_grace_s = models.PositiveIntegerField(default=60)
+    last_checkpoint_at = models.DateTimeField(null=True, blank=True)
+    # CI retries: the same (user, key) never makes two jobs
+    idempotency_key = models.CharField(max_length=128, null=True, blank=True)
+    # idle-notebook reaper
+    idle_warned_at = models.DateTimeField(null=True, blank=True)
+    idle_extended_at = models.DateTimeField(null=True, blank=True)
+    copied_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+
+    class Meta:
+        ordering = ["-submitted_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user", "idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="job_unique_idempotency_key_per_user",
+            ),
+            models.CheckConstraint(condition=Q(replicas__gte=1) & Q(gpus_per_replica__gte=1), name="job_gang_not_empty"),
+            models.CheckConstraint(condition=Q(tier__gte=1) & Q(tier__lte=3), name="job_tier_1_to_3"),
+        ]
+        indexes = [
+            models.Index(fields=["team", "state"]),
+            models.Index(fields=["user", "state"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.name}"
+
+    @property
+    def gpu_count(self) -> int:
+        return self.replicas * self.gpus_per_replica
+
+    @property
+    def is_terminal(self) -> bool:
+        from scheduling.states import TERMINAL_STATES
+
+        return JobState(self.state) in TERMINAL_STATES
+
+
+class JobEvent(models.Model):
+    """Every state change of a job, with its reason and who or what caused it."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="events")
+    time = models.DateTimeField(default=timezone.now)
+    attempt = models.PositiveIntegerField(default=1)
+    from_state = models.CharField(max_length=10, blank=True)
+    to_state = models.CharField(max_length=10, blank=True)  # blank: a note, not a transition
+    reason = models.TextField(blank=True)
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    actor_label = models.CharField(max_length=100, default="system")
+
+    class Meta:
+        ordering = ["time", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.job_id}: {self.from_state}→{self.to_state} ({self.reason})"
+
+
+class Task(models.Model):
+    """One replica of one attempt of a job, on one node."""
+
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="tasks")
+    attempt = models.PositiveIntegerField()
+    rank = models.PositiveIntegerField()
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="tasks")
+    state = models.CharField(max_length=10, choices=TaskState.choices, default=TaskState.ASSIGNED, db_index=True)
+    master_addr = models.CharField(max_length=255, blank=True)
+    master_port = models.PositiveIntegerField(default=29500)
+    pid = models.IntegerField(null=True, blank=True)
+    exit_code = models.IntegerField(null=True, blank=True)
+    signal = models.IntegerField(null=True, blank=True)
+    stopped_by = models.CharField(max_length=10, blank=True)  # "", "sigterm", "sigkill"
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    checkpoint_at = models.DateTimeField(null=True, blank=True)
+    notebook_url = models.CharField(max_length=1024, blank=True)
+    notebook_kernel_busy = models.BooleanField(null=True, blank=True)
+    notebook_last_activity = models.DateTimeField(null=True, blank=True)
+    log_size = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        ordering = ["job_id", "attempt", "rank"]
+        constraints = [models.UniqueConstraint(fields=["job", "attempt", "rank"], name="task_unique_job_attempt_rank")]
+        indexes = [models.Index(fields=["node", "state"])]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} attempt {self.attempt} rank {self.rank}"
+
+
+class Allocation(models.Model):
+    """A GPU held by a task from ``allocated_at`` until ``released_at`` (null while live)."""
+
+    gpu = models.ForeignKey(Gpu, on_delete=models.PROTECT, related_name="allocations")
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="allocations")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="allocations")
+    attempt = models.PositiveIntegerField()
+    allocated_at = models.DateTimeField(default=timezone.now)
+    released_at = models.DateTimeField(null=True, blank=True)
+    borrowed = models.BooleanField(default=False)
+
+    class Meta:
+        constraints = [
+            # The last line of defence: no GPU in two live allocations, whatever the code above does.
+            models.UniqueConstraint(fields=["gpu"], condition=Q(released_at__isnull=True), name="allocation_one_live_per_gpu"),
+            models.CheckConstraint(
+                condition=Q(released_at__isnull=True) | Q(released_at__gte=F("allocated_at")),
+                name="allocation_released_after_allocated",
+            ),
+        ]
+        indexes = [models.Index(fields=["job", "attempt"]), models.Index(fields=["allocated_at", "released_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.gpu} → job {self.job_id}/{self.attempt}"
+
+
+class TaskLogChunk(models.Model):
+    """A chunk of a task's stdout/stderr as shipped by its agent (at-least-once, keyed by offset)."""
+
+    task = models.ForeignKey(Task, on_delete=models.CASCADE, related_name="log_chunks")
+    offset = models.PositiveBigIntegerField()
+    data = models.TextField()
+
+    class Meta:
+        ordering = ["task_id", "offset"]
+        constraints = [models.UniqueConstraint(fields=["task", "offset"], name="tasklogchunk_unique_task_offset")]
+
+    def __str__(self) -> str:
+        return f"task {self.task_id} log @{self.offset}"
+
+
+class SchedulerLease(models.Model):
+    """One row per singleton duty ("cycle"): who holds it, until when, under which epoch.
+
+    Claimed with a conditional UPDATE; every write of a cycle re-checks the epoch so a paused
+    old holder's late writes are refused (fencing token).
+    """
+
+    name = models.CharField(max_length=32, primary_key=True)
+    holder = models.CharField(max_length=128, blank=True)
+    epoch = models.PositiveBigIntegerField(default=0)
+    expires_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.name} held by {self.holder or '—'} (epoch {self.epoch})"
+
+
+class JobTemplate(models.Model):
+    """A saved job spec a user can submit again."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="job_templates")
+    name = models.CharField(max_length=100)
+    spec = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["user", "name"], name="jobtemplate_unique_user_name")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class IdlePolicy(models.Model):
+    """Idle-notebook reaping for a unit's subtree (nearest unit wins) and tier (null: any)."""
+
+    unit = models.ForeignKey(OrgUnit, on_delete=models.CASCADE, related_name="idle_policies")
+    tier = models.PositiveSmallIntegerField(choices=Tier.choices, null=True, blank=True)
+    timeout_s = models.PositiveIntegerField(default=45 * 60)
+    warn_lead_s = models.PositiveIntegerField(default=10 * 60)
+    allow_extend = models.BooleanField(default=True)
+    extend_s = models.PositiveIntegerField(default=60 * 60)
+    utilization_threshold_pct = models.FloatField(default=1.0)
+    flag_idle_batch_after_s = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["unit", "tier"], name="idlepolicy_unique_unit_tier")]
+        verbose_name_plural = "idle policies"
+
+    def __str__(self) -> str:
+        return f"{self.unit} tier {self.tier or 'any'}: {self.timeout_s // 60} min"

@@ -1,0 +1,117 @@
+"""Reads of the org tree with the tenant check built in.
+
+Views never filter by tenant themselves: they call these, so none can forget the check.
+Roles: members and team leads act on their team; org admins on their unit's whole subtree;
+cluster admins (members of the root with that role) on everything.
+"""
+
+from __future__ import annotations
+
+from functools import reduce
+from operator import or_
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import Q, QuerySet
+from django.http import Http404
+
+from tenants.models import Membership, OrgUnit, Role, UnitKind
+
+AnyUser = AbstractBaseUser | AnonymousUser
+
+
+def _memberships(user: AnyUser) -> list[Membership]:
+    if not user.is_authenticated:
+        return []
+    cached: list[Membership] | None = getattr(user, "_yard_memberships", None)
+    if cached is None:
+        cached = list(Membership.objects.filter(user=user).select_related("unit"))
+        user._yard_memberships = cached  # type: ignore[union-attr]  # per-request cache
+    return cached
+
+
+def is_cluster_admin(user: AnyUser) -> bool:
+    return bool(getattr(user, "is_superuser", False)) or any(m.role == Role.CLUSTER_ADMIN for m in _memberships(user))
+
+
+def _subtree_q(units: list[OrgUnit], *, strict: bool = False) -> Q:
+    if not units:
+        return Q(pk__in=[])
+    parts = [Q(path__startswith=u.path) & ~Q(pk=u.pk) if strict else Q(path__startswith=u.path) for u in units]
+    return reduce(or_, parts)
+
+
+def units_visible(*, user: AnyUser) -> QuerySet[OrgUnit]:
+    """Units whose jobs, quotas and usage the user may read."""
+    if is_cluster_admin(user):
+        return OrgUnit.objects.all()
+    ms = _memberships(user)
+    admin_units = [m.unit for m in ms if m.role == Role.ORG_ADMIN]
+    team_ids = [m.unit_id for m in ms if m.role in (Role.MEMBER, Role.TEAM_LEAD)]
+    return OrgUnit.objects.filter(_subtree_q(admin_units) | Q(pk__in=team_ids))
+
+
+def teams_visible(*, user: AnyUser) -> QuerySet[OrgUnit]:
+    return units_visible(user=user).filter(kind=UnitKind.TEAM)
+
+
+def teams_submittable(*, user: AnyUser) -> QuerySet[OrgUnit]:
+    """Teams the user may submit jobs for (every visible team: members, leads, admins)."""
+    return teams_visible(user=user)
+
+
+def teams_led(*, user: AnyUser) -> QuerySet[OrgUnit]:
+    """Teams whose every job the user may act on (cancel, requeue): leads and admins."""
+    if is_cluster_admin(user):
+        return OrgUnit.objects.filter(kind=UnitKind.TEAM)
+    ms = _memberships(user)
+    admin_units = [m.unit for m in ms if m.role == Role.ORG_ADMIN]
+    lead_ids = [m.unit_id for m in ms if m.role == Role.TEAM_LEAD]
+    return OrgUnit.objects.filter(kind=UnitKind.TEAM).filter(_subtree_q(admin_units) | Q(pk__in=lead_ids))
+
+
+def units_administered(*, user: AnyUser) -> QuerySet[OrgUnit]:
+    """Units whose quotas the user may edit: strictly below an org admin's unit; all for cluster admins.
+
+    An org admin cannot raise their own unit's guarantee: that is their parent's admins' call.
+    """
+    if is_cluster_admin(user):
+        return OrgUnit.objects.all()
+    admin_units = [m.unit for m in _memberships(user) if m.role == Role.ORG_ADMIN]
+    return OrgUnit.objects.filter(_subtree_q(admin_units, strict=True))
+
+
+def admin_roots(*, user: AnyUser) -> list[OrgUnit]:
+    """The top units of the subtrees the user administers (for the quota editor)."""
+    if is_cluster_admin(user):
+        return list(OrgUnit.objects.filter(kind=UnitKind.ROOT))
+    return [m.unit for m in _memberships(user) if m.role == Role.ORG_ADMIN]
+
+
+def access_unit(*, user: AnyUser, pk: int | str) -> OrgUnit:
+    """The unit with ``pk`` if the user may read it; 404 (the same as a missing one) otherwise."""
+    try:
+        return units_visible(user=user).get(pk=pk)
+    except (OrgUnit.DoesNotExist, ValueError):
+        raise Http404("No such unit") from None
+
+
+def access_unit_admin(*, user: AnyUser, pk: int | str) -> OrgUnit:
+    try:
+        return units_administered(user=user).get(pk=pk)
+    except (OrgUnit.DoesNotExist, ValueError):
+        raise Http404("No such unit") from None
+
+
+def user_roles(*, user: AnyUser) -> list[tuple[OrgUnit, str]]:
+    return [(m.unit, m.role) for m in _memberships(user)]
+
+
+def root_unit() -> OrgUnit | None:
+    return OrgUnit.objects.filter(kind=UnitKind.ROOT).first()
+
+
+def ancestors(*, unit: OrgUnit) -> list[OrgUnit]:
+    """Root first, ``unit`` last."""
+    ids = [int(x) for x in unit.path.strip("/").split("/") if x]
+    by_id = {u.pk: u for u in OrgUnit.objects.filter(pk__in=ids)}
+    return [by_id[i] for i in ids if i in by_id]
