@@ -155,6 +155,7 @@ CELERY_TASK_TIME_LIMIT = 300  # well below the broker's visibility timeout (3600
 CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_IMPORTS = ["scheduling.tasks", "scheduling.agent.tasks", "scheduling.governance.tasks"]
 
 # --------------------------------------------------------------------------- Yardmaster
 YARD = {
@@ -174,6 +175,12 @@ YARD = {
     # storage and governance
     "CHECKPOINT_ROOT": env_str("YARD_CHECKPOINT_ROOT", str(VAR_DIR / "checkpoints")),
     "IDLE_NOTEBOOK_TIMEOUT_S": env_float("YARD_IDLE_NOTEBOOK_TIMEOUT_MIN", 45.0, minimum=1) * 60,
+}
+
+CELERY_BEAT_SCHEDULE = {
+    "scheduling-cycle": {"task": "scheduling.tasks.run_cycle", "schedule": YARD["CYCLE_INTERVAL_S"]},
+    "node-liveness": {"task": "scheduling.agent.tasks.check_nodes", "schedule": 10.0},
+    "idle-notebook-reaper": {"task": "scheduling.governance.tasks.reap_idle_notebooks", "schedule": 60.0},
 }
 
 LOGGING = {

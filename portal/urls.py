@@ -10,4 +10,10 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/v1/", include("scheduling.api.urls")),
+    path("api/agent/v1/", include("scheduling.agent.urls")),
+    path("", include("scheduling.governance.urls")),
+    path("", include("portal.views.urls")),
 ]

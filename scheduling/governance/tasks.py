@@ -1,0 +1,1 @@
+"""Celery tasks of governance (idle reaper, accounting)."""

@@ -1,0 +1,1 @@
+"""Celery tasks of the scheduler (the cycle). Filled in by the scheduling service work."""
