@@ -1,0 +1,291 @@
+"""The scheduler's one entry point: ``plan(snapshot, now=...) -> Plan``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduling.core import reasons
+from scheduling.core.backfill import Release, earliest_fit
+from scheduling.core.fairshare import team_order
+from scheduling.core.index import FreeState, TopoIndex, topo_index
+from scheduling.core.placement import Fit, find, take_fit
+from scheduling.core.preemption import Candidate, candidates, find_reclaim
+from scheduling.core.quota import QuotaState, borrowed_running
+from scheduling.core.types import (
+    PendingJob,
+    Placement,
+    Plan,
+    Preemption,
+    Reservation,
+    Snapshot,
+    Tier,
+)
+
+Loc = tuple[int, int]
+
+
+def plan(snapshot: Snapshot, *, now: float) -> Plan:
+    """Decide what starts, what is preempted and what is reserved, for one scheduling cycle.
+
+    Contract:
+    - Pure and deterministic: no clock, no I/O, no randomness; the same snapshot and ``now``
+      give the same plan, whatever the order of the snapshot's tuples.
+    - Pending jobs are taken in order: Tier 1, 2, 3; within a tier, teams in hierarchical
+      fair-share order (``fairshare.team_order``); within a team, priority (high first),
+      then submit time, then job_id.
+    - A gang is placed whole or not at all, in the lowest topology domain that holds it,
+      best fit (``placement.find``), on GPUs free of running jobs, of this plan's
+      placements and of reservations; never beyond a limit of its team or an ancestor;
+      Tier 1 only within its team's guarantee. ``Placement.borrowed`` marks what runs
+      beyond the team's guarantee.
+    - A Tier 1 job, or a Tier 2 job within its team's guarantee, that does not fit may
+      preempt (``preemption.find_reclaim``); it then holds a reservation on the GPUs it
+      freed, which nobody else gets in this plan. Tier 1 and terminating jobs, and jobs
+      younger than ``Config.min_runtime_s``, are never victims.
+    - The first jobs in order that cannot start (up to ``Config.max_reservations``) get a
+      reservation at their earliest start; later jobs start only on GPUs outside every
+      reservation, or inside one if they end (by their time limit) before it starts.
+    - Every pending job not placed gets a reason in ``Plan.pending_reasons``.
+    """
+    return _Planner(snapshot, now).run()
+
+
+@dataclass(slots=True)
+class _Held:
+    """A reservation in progress: its GPUs, and which of them are free now (held out of the pool)."""
+
+    job_id: str
+    start: float
+    domain: str
+    locs: tuple[Loc, ...]
+    free_now: set[Loc] = field(default_factory=set)
+
+    def free_count(self, ix: TopoIndex, gpu_type: str) -> int:
+        # A reservation holds GPUs of its job's one type.
+        return len(self.free_now) if self.free_now and ix.nodes[next(iter(self.free_now))[0]].gpu_type == gpu_type else 0
+
+
+class _Planner:
+    def __init__(self, snapshot: Snapshot, now: float) -> None:
+        self.snap = snapshot
+        self.now = now
+        self.cfg = snapshot.config
+        self.ix: TopoIndex = topo_index(snapshot.topology)
+        self.running = tuple(sorted(snapshot.running, key=lambda j: j.job_id))
+        busy = {self.ix.gpu_loc[g] for j in self.running for r in j.replicas for g in r if g in self.ix.gpu_loc}
+        self.st = FreeState(self.ix, busy)
+        self.quota = QuotaState(snapshot.quotas, self.running)
+        self.borrowed = borrowed_running(snapshot.quotas, self.running)
+        self.placements: list[Placement] = []
+        self.placed_fits: list[tuple[PendingJob, Fit]] = []
+        self.preemptions: list[Preemption] = []
+        self.reservations: list[Reservation] = []
+        self.reasons: dict[str, str] = {}
+        self.estimated: dict[str, float] = {}
+        self.held: list[_Held] = []  # backfill reservations
+        self.reserved: set[Loc] = set()  # GPUs of every reservation (backfill and reclaim)
+        self.victims: set[str] = set()
+        self._cands: dict[str, list[Candidate]] | None = None
+        # Free GPUs only shrink while planning, so a shape that failed keeps failing:
+        # (type, per replica) -> the fewest replicas known not to fit.
+        self._fails: dict[tuple[str, int], int] = {}
+        self._reclaim_fails: set[tuple[Tier, str, str, int, int]] = set()
+        self._reason_cache: dict[tuple[str, int, int], str] = {}
+        self._strict_block: dict[str, str] = {}  # backfill off: type -> first blocked job
+        self._lend_fails: dict[tuple[str, int, tuple[str, ...]], int] = {}
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> Plan:
+        for job in self._ordered():
+            self._one(job)
+        return Plan(
+            placements=tuple(self.placements),
+            preemptions=tuple(self.preemptions),
+            reservations=tuple(self.reservations),
+            pending_reasons=self.reasons,
+            estimated_start=self.estimated,
+            borrowed=self.borrowed,
+        )
+
+    def _ordered(self) -> list[PendingJob]:
+        rank = team_order(self.snap.quotas, self.ix.type_total)
+        last = len(rank)
+        return sorted(
+            self.snap.pending,
+            key=lambda j: (j.tier, rank.get(j.team, last), j.team, -j.priority, j.submit_time, j.job_id),
+        )
+
+    def _one(self, job: PendingJob) -> None:
+        t, r, g = job.gpu_type, job.replicas, job.gpus_per_replica
+        impossible = reasons.never(self.st, t, r, g) if r > 0 and g > 0 else "asks for no GPUs"
+        if impossible is not None:
+            self.reasons[job.job_id] = f"can never run: {impossible}"
+            return
+        over = self.quota.blocked(job)
+        if over is not None:
+            self.reasons[job.job_id] = over
+            return
+        if t in self._strict_block:
+            self.reasons[job.job_id] = f"waiting behind job {self._strict_block[t]} (strict order: backfill is off)"
+            return
+        fit = self._find(t, r, g)
+        if fit is None and self.held:
+            fit = self._find_before_reservations(job)
+        if fit is not None:
+            self._place(job, fit)
+            return
+        if self.cfg.preemption and self._may_preempt(job) and self._reclaim(job):
+            return
+        if not self.cfg.backfill:
+            self._strict_block[t] = job.job_id
+        if self.cfg.backfill and len(self.held) < self.cfg.max_reservations and self._reserve(job):
+            return
+        self.reasons[job.job_id] = self._blocked_reason(job)
+
+    # ------------------------------------------------------------------ placement
+
+    def _find(self, t: str, r: int, g: int) -> Fit | None:
+        failed = self._fails.get((t, g))
+        if failed is not None and r >= failed:
+            return None
+        fit = find(self.st, t, r, g)
+        if fit is None:
+            self._fails[(t, g)] = min(r, failed) if failed is not None else r
+        return fit
+
+    def _find_before_reservations(self, job: PendingJob) -> Fit | None:
+        """EASY backfill: a job that ends before a reservation starts may use its free GPUs meanwhile."""
+        end = self.now + job.time_limit
+        usable = [h for h in self.held if end <= h.start and h.free_now]
+        if not usable:
+            return None
+        # The pool (free GPUs plus those lent) only shrinks too, so failures are cached as in _find.
+        key = (job.gpu_type, job.gpus_per_replica, tuple(h.job_id for h in usable))
+        failed = self._lend_fails.get(key)
+        if failed is not None and job.replicas >= failed:
+            return None
+        lent = sorted({loc for h in usable for loc in h.free_now})
+        for ni, p in lent:
+            self.st.give(ni, (p,))
+        fit = find(self.st, job.gpu_type, job.replicas, job.gpus_per_replica)
+        if fit is None:
+            self._lend_fails[key] = min(job.replicas, failed) if failed is not None else job.replicas
+        used = {(ni, p) for ni, positions in fit.replicas for p in positions} if fit else set()
+        for ni, p in lent:
+            if (ni, p) not in used:
+                self.st.take(ni, (p,))
+        for h in usable:
+            h.free_now -= used
+        return fit
+
+    def _place(self, job: PendingJob, fit: Fit) -> None:
+        borrowed = self.quota.would_borrow(job.team, job.gpu_type, job.gpu_count)
+        take_fit(self.st, fit)
+        self.quota.add(job.team, job.gpu_type, job.gpu_count)
+        self.placements.append(fit.placement(self.ix, job.job_id, borrowed=borrowed))
+        self.placed_fits.append((job, fit))
+
+    # ------------------------------------------------------------------ reclaim
+
+    def _may_preempt(self, job: PendingJob) -> bool:
+        if job.tier == Tier.PRODUCTION:
+            return True
+        return job.tier == Tier.RESEARCH and self.quota.within_guarantee(job.team, job.gpu_type, job.gpu_count)
+
+    def _reclaim(self, job: PendingJob) -> bool:
+        key = (job.tier, job.team, job.gpu_type, job.replicas, job.gpus_per_replica)
+        if key in self._reclaim_fails:
+            return False
+        if self._cands is None:
+            self._cands = candidates(self.ix, self.running, self.borrowed, self.cfg, self.now)
+        found = find_reclaim(self.st, job, self._cands.get(job.gpu_type, []), self.victims, self.reserved)
+        if found is None:
+            self._reclaim_fails.add(key)
+            return False
+        start = self.now + self.cfg.grace_period_s
+        why = (
+            f"preempted for Tier 1 job {job.job_id}"
+            if job.tier == Tier.PRODUCTION
+            else f"reclaimed for job {job.job_id} (team {job.team} within guarantee)"
+        )
+        for victim in found.victims:
+            self.preemptions.append(
+                Preemption(job_id=victim.job_id, reason=why, grace_s=self.cfg.grace_period_s, for_job=job.job_id)
+            )
+        self.victims.update(j.job_id for j in found.waits_on)
+        self._hold(found.fit)
+        self.quota.add(job.team, job.gpu_type, job.gpu_count)
+        self.reservations.append(Reservation(job.job_id, found.fit.domain, start, found.fit.gpu_ids(self.ix)))
+        self.estimated[job.job_id] = start
+        if found.victims:
+            names = ", ".join(v.job_id for v in found.victims)
+            self.reasons[job.job_id] = (
+                f"preempting {len(found.victims)} job(s) ({names}) to free {found.fit.domain}; "
+                f"starts {reasons.relative(start - self.now)}"
+            )
+        else:
+            names = ", ".join(v.job_id for v in found.waits_on)
+            self.reasons[job.job_id] = (
+                f"waiting for stopping job(s) {names} to free {found.fit.domain}; starts {reasons.relative(start - self.now)}"
+            )
+        return True
+
+    def _hold(self, fit: Fit) -> set[Loc]:
+        """Take a reservation's GPUs out of the pool; return those that were free."""
+        locs = {(ni, p) for ni, positions in fit.replicas for p in positions}
+        self.reserved |= locs
+        free_now = {loc for loc in locs if self.st.free[loc[0]][loc[1]]}
+        for ni, p in sorted(free_now):
+            self.st.take(ni, (p,))
+        return free_now
+
+    # ------------------------------------------------------------------ reservations
+
+    def _releases(self) -> list[Release]:
+        grace_end = self.now + self.cfg.grace_period_s
+        out: list[Release] = []
+        for j in self.running:
+            end = j.start + j.time_limit
+            if j.terminating or j.job_id in self.victims:
+                end = min(end, grace_end)
+            locs = tuple(self.ix.gpu_loc[g] for r in j.replicas for g in r if g in self.ix.gpu_loc)
+            out.append(Release(max(end, self.now), j.job_id, locs))
+        for job, fit in self.placed_fits:
+            locs = tuple((ni, p) for ni, positions in fit.replicas for p in positions)
+            out.append(Release(self.now + job.time_limit, job.job_id, locs))
+        out.sort(key=lambda rel: (rel.end, rel.job_id))
+        return out
+
+    def _reserve(self, job: PendingJob) -> bool:
+        found = earliest_fit(self.st, self._releases(), self.reserved, job.gpu_type, job.replicas, job.gpus_per_replica)
+        if found is None:
+            return False
+        start, fit = found
+        base = self._shape_reason(job)  # before the hold changes what is free
+        free_now = self._hold(fit)
+        self.held.append(_Held(job.job_id, start, fit.domain, tuple(sorted(free_now)), free_now))
+        self.reservations.append(Reservation(job.job_id, fit.domain, start, fit.gpu_ids(self.ix)))
+        self.estimated[job.job_id] = start
+        self.reasons[job.job_id] = f"{base}; reserved {fit.domain}, earliest {reasons.relative(start - self.now)}"
+        return True
+
+    # ------------------------------------------------------------------ reasons
+
+    def _shape_reason(self, job: PendingJob) -> str:
+        key = (job.gpu_type, job.replicas, job.gpus_per_replica)
+        if key not in self._reason_cache:
+            self._reason_cache[key] = reasons.blocked(self.st, *key)
+        return self._reason_cache[key]
+
+    def _blocked_reason(self, job: PendingJob) -> str:
+        t = job.gpu_type
+        held_free = sum(h.free_count(self.ix, t) for h in self.held)
+        if held_free and self.st.type_free.get(t, 0) + held_free >= job.gpu_count:
+            first = min(self.held, key=lambda h: h.start)
+            return (
+                f"waiting behind a reservation for job {first.job_id} "
+                f"(starts {reasons.relative(first.start - self.now)} on {first.domain}); "
+                f"it would fit only on GPUs held for it"
+            )
+        return self._shape_reason(job)
