@@ -1,0 +1,356 @@
+"""Baseline policies, with the core's signature ``(snapshot, *, now) -> Plan``.
+
+They are deliberately what the named systems do, not strawmen and not improved:
+
+* ``fifo``: strict FIFO in submit order; the first job that does not fit blocks
+  everything behind it. First-fit over nodes in name order, whole gang or nothing.
+* ``KubeFirstFit``: a scheduler without gang or topology awareness (default
+  kube-scheduler, one pod per replica). Pods are bound one at a time, first fit
+  over nodes in name order, and jobs that do not fit are skipped. A gang whose
+  pods are only partly bound holds those GPUs idle until its last pod is bound;
+  the job starts only then. Without a gang plugin that can deadlock for ever, so
+  (our choice, like the coscheduling plugin's schedule timeout) a partial gang
+  older than ``timeout_s`` releases its pods and backs off for ``backoff_s``
+  before it binds again. Being stateful, it is a callable object, not a function.
+* ``easy_backfill``: Slurm-style EASY backfill. Jobs in submit order start while
+  they fit (best fit: the node left with the fewest free GPUs); the first one
+  that does not fit gets one reservation at the earliest time the running jobs'
+  time limits free enough GPUs for it; later jobs backfill if they end before
+  that time or use only GPUs the reservation does not need. Nodes only: no leaf
+  or spine awareness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from scheduling.core.types import (
+    Locality,
+    PendingJob,
+    Placement,
+    Plan,
+    Reservation,
+    Snapshot,
+    Topology,
+)
+
+
+class _Index:
+    """Per-topology lookups, built once per Topology object (the engine keeps one)."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        nodes = sorted(topology.nodes, key=lambda n: n.name)
+        self.names = [n.name for n in nodes if n.schedulable]
+        self.gpus = {n.name: tuple(g.id for g in n.gpus) for n in nodes}
+        self.type = {n.name: n.gpu_type for n in nodes}
+        self.leaf = {n.name: n.leaf for n in nodes}
+        self.spine = {n.name: n.spine for n in nodes}
+
+
+_index_cache: list[_Index] = []
+
+
+def _index(topology: Topology) -> _Index:
+    if not _index_cache or _index_cache[0].topology is not topology:
+        _index_cache[:] = [_Index(topology)]
+    return _index_cache[0]
+
+
+def free_gpus(snapshot: Snapshot, idx: _Index) -> dict[str, list[str]]:
+    """Schedulable node -> its free GPU ids, in index order."""
+    taken: set[str] = set()
+    for r in snapshot.running:
+        for replica in r.replicas:
+            taken.update(replica)
+    return {n: [g for g in idx.gpus[n] if g not in taken] for n in idx.names}
+
+
+def _placement(idx: _Index, job_id: str, replicas: list[tuple[str, ...]], nodes: list[str]) -> Placement:
+    distinct = set(nodes)
+    leaves = len({idx.leaf[n] for n in distinct})
+    spines = len({idx.spine[n] for n in distinct})
+    if len(distinct) == 1:
+        locality = Locality.NODE
+    elif leaves == 1:
+        locality = Locality.LEAF
+    else:
+        locality = Locality.SPINE if spines == 1 else Locality.CLUSTER
+    return Placement(
+        job_id=job_id,
+        replicas=tuple(replicas),
+        nodes=tuple(nodes),
+        locality=locality,
+        leaves=leaves,
+        spines=spines,
+        borrowed=False,
+    )
+
+
+def _submit_order(pending: Iterable[PendingJob]) -> list[PendingJob]:
+    return sorted(pending, key=lambda j: (j.submit_time, j.job_id))
+
+
+def _take(free: dict[str, list[str]], nodes: list[str], per: int) -> list[tuple[str, ...]]:
+    out = []
+    for n in nodes:
+        out.append(tuple(free[n][:per]))
+        del free[n][:per]
+    return out
+
+
+def _first_fit_nodes(counts: dict[str, int], idx: _Index, job: PendingJob) -> list[str] | None:
+    """Node of each replica, first fit in name order; ``counts`` is updated only on success."""
+    chosen: list[str] = []
+    left = dict.fromkeys(idx.names, 0)
+    for _ in range(job.replicas):
+        for n in idx.names:
+            if idx.type[n] == job.gpu_type and counts[n] - left[n] >= job.gpus_per_replica:
+                left[n] += job.gpus_per_replica
+                chosen.append(n)
+                break
+        else:
+            return None
+    for n in chosen:
+        counts[n] -= job.gpus_per_replica
+    return chosen
+
+
+def _best_fit_nodes(
+    counts: dict[str, int], idx: _Index, job: PendingJob, cap: dict[str, int] | None = None
+) -> list[str] | None:
+    """Node of each replica, the one left with the fewest free GPUs (ties: name order).
+
+    ``cap``, if given, bounds what may be used per node. ``counts`` (and ``cap``)
+    are decremented only when the whole gang fits.
+    """
+    per = job.gpus_per_replica
+    used: dict[str, int] = {}
+    chosen: list[str] = []
+    for _ in range(job.replicas):
+        best, best_free = None, 1 << 30
+        for n in idx.names:
+            c = counts[n] if cap is None else min(counts[n], cap[n])
+            if used:
+                c -= used.get(n, 0)
+            if per <= c < best_free and idx.type[n] == job.gpu_type:
+                best, best_free = n, c
+                if c == per:
+                    break
+        if best is None:
+            return None
+        used[best] = used.get(best, 0) + per
+        chosen.append(best)
+    for n, u in used.items():
+        counts[n] -= u
+        if cap is not None:
+            cap[n] -= u
+    return chosen
+
+
+def _reasons(pending: Iterable[PendingJob], placed: set[str], reason: str) -> dict[str, str]:
+    return {j.job_id: reason for j in pending if j.job_id not in placed}
+
+
+# --------------------------------------------------------------------------- strict FIFO
+
+
+def fifo(snapshot: Snapshot, *, now: float) -> Plan:
+    idx = _index(snapshot.topology)
+    free = free_gpus(snapshot, idx)
+    counts = {n: len(g) for n, g in free.items()}
+    placements = []
+    for job in _submit_order(snapshot.pending):
+        nodes = _first_fit_nodes(counts, idx, job)
+        if nodes is None:
+            break  # strict FIFO: the head blocks everyone behind it
+        placements.append(_placement(idx, job.job_id, _take(free, nodes, job.gpus_per_replica), nodes))
+    placed = {p.job_id for p in placements}
+    return Plan(
+        placements=tuple(placements),
+        preemptions=(),
+        reservations=(),
+        pending_reasons=_reasons(snapshot.pending, placed, "waiting in FIFO order behind the queue head"),
+    )
+
+
+# --------------------------------------------------------------------------- kube first-fit
+
+
+class KubeFirstFit:
+    def __init__(self, *, timeout_s: float = 600.0, backoff_s: float = 600.0) -> None:
+        self.timeout_s = timeout_s
+        self.backoff_s = backoff_s
+        self.bound: dict[str, list[tuple[str, tuple[str, ...]]]] = {}  # job -> (node, GPUs) per pod
+        self.bound_since: dict[str, float] = {}
+        self.backoff_until: dict[str, float] = {}
+        self.last_now: float | None = None
+        self.idle_gpu_s = 0.0  # GPU-seconds held idle by partial gangs
+        self.timeouts = 0
+
+    def extra_metrics(self) -> dict[str, float]:
+        return {"partial_gang_idle_gpu_h": self.idle_gpu_s / 3600.0, "partial_gang_timeouts": self.timeouts}
+
+    def _held_gpus(self) -> int:
+        return sum(len(g) for pods in self.bound.values() for _, g in pods)
+
+    def __call__(self, snapshot: Snapshot, *, now: float) -> Plan:
+        if self.last_now is not None:
+            self.idle_gpu_s += self._held_gpus() * (now - self.last_now)
+        self.last_now = now
+        idx = _index(snapshot.topology)
+        free = free_gpus(snapshot, idx)
+        pending_ids = {j.job_id for j in snapshot.pending}
+        for job_id in list(self.bound):
+            expired = now - self.bound_since[job_id] >= self.timeout_s
+            if job_id not in pending_ids or expired:
+                if expired:
+                    self.timeouts += 1
+                    self.backoff_until[job_id] = now + self.backoff_s
+                del self.bound[job_id], self.bound_since[job_id]
+        for pods in self.bound.values():
+            for node, gpus in pods:
+                held = set(gpus)
+                if not held.issubset(free[node]):
+                    raise RuntimeError("a partial gang's bound GPUs were given to another job")
+                free[node] = [g for g in free[node] if g not in held]
+        total_free = sum(len(g) for g in free.values())
+        placements = []
+        no_fit: dict[str, int] = {}
+        for job in _submit_order(snapshot.pending):
+            if total_free == 0:
+                break
+            if self.backoff_until.get(job.job_id, -1.0) > now:
+                continue
+            pods = self.bound.get(job.job_id, [])
+            per = job.gpus_per_replica
+            while len(pods) < job.replicas:
+                # Free GPUs only shrink within a call: a pod size that found no node
+                # finds none later either (speed only, same decisions).
+                if per >= no_fit.get(job.gpu_type, 1 << 30):
+                    break
+                found = next(
+                    (n for n in idx.names if len(free[n]) >= per and idx.type[n] == job.gpu_type), None
+                )
+                if found is None:
+                    no_fit[job.gpu_type] = min(per, no_fit.get(job.gpu_type, 1 << 30))
+                    break
+                pods.append((found, tuple(free[found][:per])))
+                del free[found][:per]
+                total_free -= per
+            if len(pods) == job.replicas:
+                self.bound.pop(job.job_id, None)
+                self.bound_since.pop(job.job_id, None)
+                nodes = [n for n, _ in pods]
+                placements.append(_placement(idx, job.job_id, [g for _, g in pods], nodes))
+            elif pods and job.job_id not in self.bound:
+                self.bound[job.job_id] = pods
+                self.bound_since[job.job_id] = now
+        placed = {p.job_id for p in placements}
+        return Plan(
+            placements=tuple(placements),
+            preemptions=(),
+            reservations=tuple(
+                Reservation(
+                    job_id=j,
+                    domain="partial-gang",
+                    earliest_start=now,
+                    gpus=tuple(g for _, gs in pods for g in gs),
+                )
+                for j, pods in self.bound.items()
+            ),
+            pending_reasons=_reasons(snapshot.pending, placed, "not all pods fit on a node yet"),
+        )
+
+
+# --------------------------------------------------------------------------- EASY backfill
+
+
+def _shadow(
+    snapshot: Snapshot,
+    idx: _Index,
+    counts: dict[str, int],
+    head: PendingJob,
+    started: list[tuple[float, list[str], int]],
+    now: float,
+) -> tuple[float, dict[str, int]]:
+    """Earliest time the head fits by the running jobs' time limits, and per-node slack then.
+
+    Slack on a node is what stays free at that time after the head takes its GPUs:
+    a backfilled job that outlives the reservation may use no more than that.
+    """
+    ends: list[tuple[float, list[str], int]] = list(started)
+    for r in snapshot.running:
+        end = now if r.terminating else r.start + r.time_limit
+        ends.append((max(end, now), _nodes_of(idx, r.replicas), len(r.replicas[0])))
+    ends.sort(key=lambda e: e[0])
+    projected = dict(counts)
+    total = sum(counts.values())
+    i = 0
+    while i < len(ends):
+        t = ends[i][0]
+        while i < len(ends) and ends[i][0] == t:
+            _, nodes, per = ends[i]
+            for n in nodes:
+                if n in projected:
+                    projected[n] += per
+                    total += per
+            i += 1
+        if total < head.gpu_count:
+            continue  # cannot fit yet whatever the layout: skip the node scan
+        trial = dict(projected)
+        if _best_fit_nodes(trial, idx, head) is not None:
+            return t, trial
+    return float("inf"), dict.fromkeys(counts, 0)
+
+
+_node_of_gpu_cache: list[tuple[Topology, dict[str, str]]] = []
+
+
+def _nodes_of(idx: _Index, replicas: tuple[tuple[str, ...], ...]) -> list[str]:
+    if not _node_of_gpu_cache or _node_of_gpu_cache[0][0] is not idx.topology:
+        _node_of_gpu_cache[:] = [(idx.topology, {g: n for n, gs in idx.gpus.items() for g in gs})]
+    lookup = _node_of_gpu_cache[0][1]
+    return [lookup[r[0]] for r in replicas]
+
+
+def easy_backfill(snapshot: Snapshot, *, now: float) -> Plan:
+    idx = _index(snapshot.topology)
+    free = free_gpus(snapshot, idx)
+    counts = {n: len(g) for n, g in free.items()}
+    total_free = sum(counts.values())
+    placements: list[Placement] = []
+    started: list[tuple[float, list[str], int]] = []  # (limit end, nodes, GPUs per replica)
+    head: PendingJob | None = None
+    shadow, slack = float("inf"), dict[str, int]()
+    reservations: list[Reservation] = []
+    # Free GPUs and slack only shrink during a cycle, so a gang shape that failed
+    # once fails again: remember it instead of rescanning the nodes (speed only).
+    failed: set[tuple[int, int, str, bool]] = set()
+    for job in _submit_order(snapshot.pending):
+        if total_free == 0:
+            break
+        short = head is None or now + job.time_limit <= shadow
+        shape = (job.replicas, job.gpus_per_replica, job.gpu_type, short)
+        nodes = None
+        if job.gpu_count <= total_free and shape not in failed:
+            nodes = _best_fit_nodes(counts, idx, job, None if short else slack)
+            if nodes is None:
+                failed.add(shape)
+        if nodes is None:
+            if head is None:
+                head = job
+                shadow, slack = _shadow(snapshot, idx, counts, job, started, now)
+                reservations.append(Reservation(job_id=job.job_id, domain="cluster", earliest_start=shadow))
+            continue
+        total_free -= job.gpu_count
+        started.append((now + job.time_limit, nodes, job.gpus_per_replica))
+        placements.append(_placement(idx, job.job_id, _take(free, nodes, job.gpus_per_replica), nodes))
+    placed = {p.job_id for p in placements}
+    return Plan(
+        placements=tuple(placements),
+        preemptions=(),
+        reservations=tuple(reservations),
+        pending_reasons=_reasons(snapshot.pending, placed, "waiting for GPUs (EASY backfill)"),
+        estimated_start={head.job_id: shadow} if head is not None and shadow != float("inf") else {},
+    )

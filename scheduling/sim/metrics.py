@@ -1,0 +1,201 @@
+"""From a replay's raw record to the numbers the evaluation reports, and their markdown.
+
+Job metrics (JCT, queueing delay) are over jobs submitted inside the metrics
+window (``submit_time >= busy_from``, the trace README's steady state); GPU
+utilisation and team shares are integrated over the window from ``busy_from``
+to the last submission, the same interval for every policy.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from scheduling.sim.engine import ReplayResult
+
+GANG_BUCKETS = (("1", 1, 1), ("2-8", 2, 8), (">8", 9, 1 << 30))
+
+
+@dataclass(frozen=True, slots=True)
+class Delays:
+    count: int
+    mean: float
+    median: float
+    p95: float
+
+
+@dataclass(slots=True)
+class TeamShare:
+    team: str
+    guarantee: int
+    demand_h: float
+    used_gpu_h: float
+    share_of_guarantee: float  # GPU-h used / (guarantee x hours with demand); nan without guarantee
+    honoured: float  # integral min(held, guarantee, demand) / integral min(guarantee, demand)
+
+
+@dataclass(slots=True)
+class Summary:
+    policy: str
+    nodes: int
+    time_limits: str
+    jobs: int
+    jct_mean: float
+    jct_median: float
+    queue: Delays
+    queue_by_gang: dict[str, Delays]
+    utilisation: float
+    multinode_gangs: int
+    multinode_one_leaf: float
+    mean_leaves: float
+    teams: list[TeamShare]
+    min_honoured: float
+    preemptions: int
+    lost_gpu_h: float
+    wall_s: float
+    plan_s: float
+    cycles: int
+    unfinished: int
+    extra: dict[str, float] = field(default_factory=dict)
+    # for the plots: hour index -> utilisation, and every job's queueing delay (s)
+    util_series: dict[int, float] = field(default_factory=dict)
+    queue_delays: list[float] = field(default_factory=list)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile of sorted ``values`` (nan when empty)."""
+    if not values:
+        return math.nan
+    k = max(0, math.ceil(q / 100.0 * len(values)) - 1)
+    return values[k]
+
+
+def delays(values: list[float]) -> Delays:
+    v = sorted(values)
+    if not v:
+        return Delays(0, math.nan, math.nan, math.nan)
+    return Delays(len(v), statistics.fmean(v), statistics.median(v), percentile(v, 95))
+
+
+def summarise(r: ReplayResult, *, time_limits: str) -> Summary:
+    lo, hi = r.window
+    done = [s for s in r.jobs if s.trace.submit_time >= lo and s.finish is not None]
+    jct = [s.finish - s.trace.submit_time for s in done if s.finish is not None]
+    queued = [s.queued_s for s in done]
+    by_gang = {label: delays([s.queued_s for s in done if a <= s.gpus <= b]) for label, a, b in GANG_BUCKETS}
+    per_node = r.shape.gpus_per_node
+    multi = [p for p in r.placements if p.gpus > per_node and p.time >= lo]
+    teams = []
+    for team, t in sorted(r.teams.items()):
+        if t.demand_s <= 0:
+            continue
+        teams.append(
+            TeamShare(
+                team=team,
+                guarantee=t.guarantee,
+                demand_h=t.demand_s / 3600,
+                used_gpu_h=t.used / 3600,
+                share_of_guarantee=t.used / (t.guarantee * t.demand_s) if t.guarantee else math.nan,
+                honoured=t.honoured / t.entitled if t.entitled else math.nan,
+            )
+        )
+    honoured = [t.honoured for t in teams if not math.isnan(t.honoured)]
+    capacity = r.shape.total_gpus
+    window = max(hi - lo, 1e-9)
+    return Summary(
+        policy=r.policy,
+        nodes=r.shape.nodes,
+        time_limits=time_limits,
+        jobs=len(done),
+        jct_mean=statistics.fmean(jct) if jct else math.nan,
+        jct_median=statistics.median(jct) if jct else math.nan,
+        queue=delays(queued),
+        queue_by_gang=by_gang,
+        utilisation=r.busy_window_gpu_s / (capacity * window),
+        multinode_gangs=len(multi),
+        multinode_one_leaf=sum(p.leaves == 1 for p in multi) / len(multi) if multi else math.nan,
+        mean_leaves=statistics.fmean(p.leaves for p in multi) if multi else math.nan,
+        teams=teams,
+        min_honoured=min(honoured) if honoured else math.nan,
+        preemptions=r.preemptions,
+        lost_gpu_h=sum(s.lost_gpu_s for s in r.jobs) / 3600,
+        wall_s=r.wall_s,
+        plan_s=r.plan_s,
+        cycles=r.cycles,
+        unfinished=len(r.unfinished),
+        extra=r.extra,
+        util_series={h: v / (capacity * 3600) for h, v in r.util_bins.items()},
+        queue_delays=queued,
+    )
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _s(x: float) -> str:
+    return "–" if math.isnan(x) else f"{x:,.0f}"
+
+
+def _pct(x: float) -> str:
+    return "–" if math.isnan(x) else f"{100 * x:.1f} %"
+
+
+def label(s: Summary) -> str:
+    return s.policy if s.time_limits == "-" else f"{s.policy} ({s.time_limits})"
+
+
+def headline_table(rows: list[Summary]) -> str:
+    head = (
+        "| policy | avg JCT (s) | median JCT (s) | avg queue (s) | median queue (s) | p95 queue (s) "
+        "| GPU util (busy window) | multi-node gangs in one leaf | mean leaves | min team guarantee honoured "
+        "| preemptions | GPU-h lost | replay wall (s) |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+    )
+    lines = []
+    for s in rows:
+        lines.append(
+            f"| {label(s)} | {_s(s.jct_mean)} | {_s(s.jct_median)} "
+            f"| {_s(s.queue.mean)} | {_s(s.queue.median)} | {_s(s.queue.p95)} "
+            f"| {_pct(s.utilisation)} | {_pct(s.multinode_one_leaf)} "
+            f"| {'–' if math.isnan(s.mean_leaves) else f'{s.mean_leaves:.2f}'} | {_pct(s.min_honoured)} "
+            f"| {s.preemptions:,} | {s.lost_gpu_h:,.0f} | {s.wall_s:.1f} |"
+        )
+    return head + "\n".join(lines) + "\n"
+
+
+def gang_table(rows: list[Summary]) -> str:
+    cols = " | ".join(f"{b} GPUs avg / median / p95 (s)" for b, _, _ in GANG_BUCKETS)
+    out = f"| policy | {cols} |\n|---|" + "---:|" * len(GANG_BUCKETS) + "\n"
+    for s in rows:
+        cells = " | ".join(
+            f"{_s(d.mean)} / {_s(d.median)} / {_s(d.p95)} (n={d.count:,})" for d in s.queue_by_gang.values()
+        )
+        out += f"| {label(s)} | {cells} |\n"
+    return out
+
+
+def team_table(rows: list[Summary]) -> str:
+    """Per team: GPU-h used while it had demand over guarantee x demand time; share of guarantee honoured."""
+    teams = sorted({t.team for s in rows for t in s.teams})
+    out = "| team | guarantee (GPUs) | " + " | ".join(label(s) for s in rows) + " |\n"
+    out += "|---|---:|" + "---:|" * len(rows) + "\n"
+    for team in teams:
+        g = next((t.guarantee for s in rows for t in s.teams if t.team == team), 0)
+        cells = []
+        for s in rows:
+            t = next((t for t in s.teams if t.team == team), None)
+            cells.append("–" if t is None else f"{_pct(t.share_of_guarantee)} / {_pct(t.honoured)}")
+        out += f"| {team} | {g} | " + " | ".join(cells) + " |\n"
+    return out
+
+
+def extra_lines(rows: list[Summary]) -> str:
+    out = []
+    for s in rows:
+        bits = [f"cycles {s.cycles:,}", f"time in policy {s.plan_s:.1f} s"]
+        bits += [f"{k.replace('_', ' ')} {v:,.0f}" for k, v in s.extra.items()]
+        if s.unfinished:
+            bits.append(f"**{s.unfinished} jobs never finished**")
+        out.append(f"- {label(s)}: " + ", ".join(bits))
+    return "\n".join(out) + "\n"
