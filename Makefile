@@ -28,7 +28,7 @@ lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(PY) -m mypy scheduling/core scheduling/sim nodeagent
-	$(PY) -m mypy portal tenants scheduling
+	SECRET_KEY=lint $(PY) -m mypy portal tenants scheduling
 	$(VENV)/bin/lint-imports
 	SECRET_KEY=lint $(PY) manage.py makemigrations --check --dry-run
 

@@ -58,15 +58,13 @@ class GpuAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 class TaskInline(admin.TabularInline):  # type: ignore[type-arg]
     model = Task
     extra = 0
-    fields = ["attempt", "rank", "node", "state", "pid", "exit_code", "stopped_by", "started_at", "ended_at"]
-    readonly_fields = fields
+    fields = readonly_fields = ("attempt", "rank", "node", "state", "pid", "exit_code", "stopped_by", "started_at", "ended_at")
 
 
 class JobEventInline(admin.TabularInline):  # type: ignore[type-arg]
     model = JobEvent
     extra = 0
-    fields = ["time", "attempt", "from_state", "to_state", "reason", "actor_label"]
-    readonly_fields = fields
+    fields = readonly_fields = ("time", "attempt", "from_state", "to_state", "reason", "actor_label")
 
 
 @admin.register(Job)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -20,7 +20,7 @@ def job_transition(
     job: Job,
     to: JobState,
     reason: str,
-    actor: AbstractBaseUser | None = None,
+    actor: User | None = None,
     actor_label: str | None = None,
     **fields: object,
 ) -> Job:

@@ -10,13 +10,13 @@ from __future__ import annotations
 from functools import reduce
 from operator import or_
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import Q, QuerySet
 from django.http import Http404
 
 from tenants.models import Membership, OrgUnit, Role, UnitKind
 
-AnyUser = AbstractBaseUser | AnonymousUser
+AnyUser = User | AnonymousUser
 
 
 def _memberships(user: AnyUser) -> list[Membership]:
@@ -25,7 +25,7 @@ def _memberships(user: AnyUser) -> list[Membership]:
     cached: list[Membership] | None = getattr(user, "_yard_memberships", None)
     if cached is None:
         cached = list(Membership.objects.filter(user=user).select_related("unit"))
-        user._yard_memberships = cached  # type: ignore[union-attr]  # per-request cache
+        setattr(user, "_yard_memberships", cached)  # noqa: B010  # per-request cache
     return cached
 
 

@@ -6,7 +6,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Sum
@@ -31,7 +31,7 @@ TOKEN_PREFIX = "ym_"
 
 def audit(
     *,
-    actor: AbstractBaseUser | None,
+    actor: User | None,
     action: str,
     obj: object,
     message: str = "",
@@ -111,7 +111,7 @@ def validate_quota(*, unit: OrgUnit, gpu_type: str, guaranteed: int, limit: int 
 @transaction.atomic
 def quota_set(
     *,
-    actor: AbstractBaseUser | None,
+    actor: User | None,
     unit: OrgUnit,
     gpu_type: str,
     guaranteed: int,
@@ -167,7 +167,7 @@ def _unique_slug(name: str) -> str:
 
 
 @transaction.atomic
-def unit_create(*, actor: AbstractBaseUser | None, name: str, kind: str, parent: OrgUnit | None) -> OrgUnit:
+def unit_create(*, actor: User | None, name: str, kind: str, parent: OrgUnit | None) -> OrgUnit:
     name = name.strip()
     if not name:
         raise ValidationError({"name": "Give the unit a name"})
@@ -182,7 +182,7 @@ def unit_create(*, actor: AbstractBaseUser | None, name: str, kind: str, parent:
 
 
 @transaction.atomic
-def unit_move(*, actor: AbstractBaseUser | None, unit: OrgUnit, new_parent: OrgUnit) -> OrgUnit:
+def unit_move(*, actor: User | None, unit: OrgUnit, new_parent: OrgUnit) -> OrgUnit:
     """Move ``unit`` (and its subtree) under ``new_parent``, keeping every quota rule."""
     unit.refresh_from_db()
     new_parent.refresh_from_db()
@@ -221,7 +221,7 @@ def unit_move(*, actor: AbstractBaseUser | None, unit: OrgUnit, new_parent: OrgU
 
 
 @transaction.atomic
-def unit_delete(*, actor: AbstractBaseUser | None, unit: OrgUnit) -> None:
+def unit_delete(*, actor: User | None, unit: OrgUnit) -> None:
     if unit.kind == UnitKind.ROOT:
         raise ValidationError({"unit": "The cluster root cannot be removed"})
     if unit.children.exists():
@@ -236,7 +236,7 @@ def unit_delete(*, actor: AbstractBaseUser | None, unit: OrgUnit) -> None:
 
 
 @transaction.atomic
-def membership_set(*, actor: AbstractBaseUser | None, user: AbstractBaseUser, unit: OrgUnit, role: str) -> Membership:
+def membership_set(*, actor: User | None, user: User, unit: OrgUnit, role: str) -> Membership:
     if role == Role.CLUSTER_ADMIN and unit.kind != UnitKind.ROOT:
         raise ValidationError({"role": "Cluster admins are members of the cluster root"})
     if role in (Role.MEMBER, Role.TEAM_LEAD) and unit.kind != UnitKind.TEAM:
@@ -266,7 +266,7 @@ def _new_raw_token() -> str:
 
 
 @transaction.atomic
-def token_create_personal(*, user: AbstractBaseUser, name: str, expires_at: datetime | None) -> IssuedToken:
+def token_create_personal(*, user: User, name: str, expires_at: datetime | None) -> IssuedToken:
     if expires_at is not None and expires_at <= timezone.now():
         raise ValidationError({"expires_at": "The expiry must be in the future"})
     raw = _new_raw_token()
@@ -278,7 +278,7 @@ def token_create_personal(*, user: AbstractBaseUser, name: str, expires_at: date
 
 
 @transaction.atomic
-def token_create_service(*, actor: AbstractBaseUser | None, team: OrgUnit, name: str, expires_at: datetime | None) -> IssuedToken:
+def token_create_service(*, actor: User | None, team: OrgUnit, name: str, expires_at: datetime | None) -> IssuedToken:
     from django.contrib.auth import get_user_model
 
     if team.kind != UnitKind.TEAM:
@@ -320,7 +320,7 @@ def token_authenticate(*, raw: str) -> ApiToken | None:
 
 
 @transaction.atomic
-def token_revoke(*, actor: AbstractBaseUser | None, token: ApiToken) -> None:
+def token_revoke(*, actor: User | None, token: ApiToken) -> None:
     ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
     audit(actor=actor, action="token.revoke", obj=token, message=f"revoked {token.prefix}…")
 

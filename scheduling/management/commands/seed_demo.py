@@ -97,7 +97,7 @@ def build_cluster(
     state: str = NodeState.NOT_READY,
 ) -> list[Node]:
     """Create spines, leaves and nodes; nodes are spread over the leaves round-robin by type."""
-    leaves = []
+    leaves: list[Leaf] = []
     for s in range(1, spines + 1):
         spine = Spine.objects.create(name=f"spine-{s}")
         for _ in range(leaves_per_spine):
