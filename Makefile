@@ -27,8 +27,7 @@ test: venv
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	$(PY) -m mypy scheduling/core scheduling/sim nodeagent
-	SECRET_KEY=lint $(PY) -m mypy portal tenants scheduling
+	SECRET_KEY=lint $(PY) -m mypy portal tenants scheduling nodeagent
 	$(VENV)/bin/lint-imports
 	SECRET_KEY=lint $(PY) manage.py makemigrations --check --dry-run
 
