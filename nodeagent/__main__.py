@@ -1,0 +1,138 @@
+"""`python -m nodeagent --portal URL --token TOKEN …` runs the agent; `python -m nodeagent discover` prints
+what it would register (GPUs, topology, one telemetry sample) as JSON and exits."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from nodeagent import __version__
+from nodeagent.agent import Agent, AgentFatal
+from nodeagent.config import AgentConfig, ConfigError, build_config, load_toml
+from nodeagent.simgpu import SimulatedGpus, TopologyError, gpus_from_file, gpus_from_spec
+from nodeagent.telemetry import NvmlGpus, NvmlUnavailable
+from nodeagent.topology import GpuSource
+
+EXIT_USAGE = 2
+NO_GPU_HINT = (
+    "On a machine without GPUs, run with --simulate 8xH100 (simulated GPUs) or --topology FILE; "
+    "the node then registers as simulated."
+)
+
+
+def make_gpu_source(*, simulate: str | None, topology_file: Path | None, node: str) -> GpuSource:
+    """Simulated GPUs only when asked for; otherwise NVML, which raises NvmlUnavailable without a GPU."""
+    if simulate is not None:
+        return SimulatedGpus(gpus_from_spec(simulate, node=node))
+    if topology_file is not None:
+        return SimulatedGpus(gpus_from_file(topology_file, node=node))
+    return NvmlGpus()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m nodeagent", description="Yardmaster node agent")
+    parser.add_argument("command", nargs="?", choices=("run", "discover"), default="run")
+    parser.add_argument("--portal", help="portal base URL, e.g. http://portal:8000")
+    parser.add_argument("--token", help="enrolment token (yen_…, registers once) or node token (ynd_…)")
+    parser.add_argument("--config", type=Path, help="TOML file with name, address, leaf, spine, state_dir, …")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--simulate", metavar="COUNTxTYPE", help="simulated GPUs, e.g. 8xH100 (no NVML)")
+    source.add_argument("--topology", type=Path, dest="topology_file", help="simulated GPUs from a JSON/TOML file")
+    parser.add_argument("--state-dir", type=Path, dest="state_dir")
+    parser.add_argument("--name", help="node name (default: host name)")
+    parser.add_argument("--address", help="address other nodes reach this one on")
+    parser.add_argument("--leaf", help="leaf switch name")
+    parser.add_argument("--spine", help="spine switch name")
+    parser.add_argument("--heartbeat-interval", type=float, dest="heartbeat_interval_s")
+    parser.add_argument("--stop-after", type=float, dest="stop_after_s", help="stop workloads after this long without the portal")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("--version", action="version", version=__version__)
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"yard-agent: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def discover(args: argparse.Namespace, file_values: dict[str, Any]) -> int:
+    name = args.name or file_values.get("name") or "discover"
+    source = make_gpu_source(
+        simulate=args.simulate or file_values.get("simulate"),
+        topology_file=args.topology_file or file_values.get("topology_file"),
+        node=name,
+    )
+    try:
+        report = {
+            "simulated": source.simulated,
+            "gpus": [gpu.to_json() for gpu in source.gpus()],
+            "sample": [sample.to_json() for sample in source.sample({})],
+            "nvml_errors": getattr(source, "errors", {}),
+        }
+    finally:
+        source.close()
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def run(args: argparse.Namespace, file_values: dict[str, Any]) -> int:
+    cli_values = {
+        key: getattr(args, key)
+        for key in (
+            "portal",
+            "token",
+            "name",
+            "address",
+            "leaf",
+            "spine",
+            "state_dir",
+            "heartbeat_interval_s",
+            "stop_after_s",
+            "simulate",
+            "topology_file",
+        )
+    }
+    config: AgentConfig = build_config(file_values=file_values, cli_values=cli_values)
+    source = make_gpu_source(simulate=config.simulate, topology_file=config.topology_file, node=config.name)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        # The workloads run in their own sessions and keep running; a restarted agent adopts them.
+        logging.getLogger("nodeagent").info("signal %d: agent exiting, workloads left running", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        Agent(config, source, stop_event=stop).run()
+    finally:
+        source.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    try:
+        file_values = load_toml(args.config) if args.config else {}
+        if args.command == "discover":
+            return discover(args, file_values)
+        return run(args, file_values)
+    except NvmlUnavailable as exc:
+        return _fail(f"{exc}\n{NO_GPU_HINT}")
+    except (ConfigError, TopologyError, AgentFatal) as exc:
+        return _fail(str(exc))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The portal's agent API over HTTP (docs/agent-api.md), with the standard library's urllib.
+
+One call is one attempt with a timeout; retrying is the caller's business (the agent's loop must not
+block for minutes inside a retry), helped by Backoff.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import random
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from nodeagent import __version__
+
+API_PREFIX = "/api/agent/v1/"
+
+
+class PortalUnreachable(Exception):
+    """No usable answer: connection refused, timeout, or a 5xx. Retry later."""
+
+
+class PortalError(Exception):
+    """The portal answered with a 4xx: the request itself is wrong or refused."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(f"HTTP {status}: {body}")
+        self.status = status
+        self.body = body
+
+    @property
+    def code(self) -> str | None:
+        value = self.body.get("code")
+        return value if isinstance(value, str) else None
+
+
+class PortalClient:
+    def __init__(self, base_url: str, token: str, *, timeout_s: float) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.token = token
+        self.timeout_s = timeout_s
+
+    def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST JSON to `API_PREFIX + path`; return the decoded JSON object of a 2xx answer."""
+        request = urllib.request.Request(
+            self.base_url + API_PREFIX + path,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={
+                "Authorization": f"Bearer {self.token}",
+                "Content-Type": "application/json",
+                "Accept": "application/json",
+                "User-Agent": f"yard-nodeagent/{__version__}",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                return _decode(response.read())
+        except urllib.error.HTTPError as exc:
+            payload = _decode(exc.read())
+            if exc.code >= 500:
+                raise PortalUnreachable(f"portal answered HTTP {exc.code}") from exc
+            raise PortalError(exc.code, payload) from exc
+        except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+            raise PortalUnreachable(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {"detail": raw[:200].decode(errors="replace")}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with full jitter (AWS style), so 40 agents do not retry in step."""
+
+    initial_s: float
+    max_s: float
+    failures: int = 0
+    rng: random.Random = field(default_factory=random.Random)
+
+    def next_delay(self) -> float:
+        self.failures += 1
+        ceiling = min(self.max_s, self.initial_s * (2 ** (self.failures - 1)))
+        return self.rng.uniform(self.initial_s / 2, max(ceiling, self.initial_s / 2))
+
+    def reset(self) -> None:
+        self.failures = 0

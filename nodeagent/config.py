@@ -1,0 +1,131 @@
+"""The agent's configuration and every default in one place.
+
+The timeouts must fit together with the portal's node liveness (see docs/agent-api.md): stale work on
+a node that lost the portal must be gone before the portal declares the node DOWN and requeues it::
+
+    stop_after_s + MAX_GRACE_S + fence_grace_s + heartbeat_interval_s  <  NODE_DOWN_AFTER_S
+    120          + 60          + 5             + 10                    =  195  <  300
+"""
+
+from __future__ import annotations
+
+import socket
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+HEARTBEAT_INTERVAL_S = 10.0
+# Agent-side liveness: stop the workloads after this long without reaching the portal.
+STOP_AFTER_S = 120.0
+# The portal's timeout before a silent node is DOWN; the agent only checks the relation above.
+NODE_DOWN_AFTER_S = 300.0
+MAX_GRACE_S = 60.0
+DEFAULT_GRACE_S = 60.0
+# Fencing is for work the portal no longer wants at all: a short grace, no checkpoint expected.
+FENCE_GRACE_S = 5.0
+# A process group that outlives SIGKILL this long is stuck (D state, a hung driver): drain the node.
+UNKILLABLE_AFTER_S = 60.0
+HTTP_TIMEOUT_S = 10.0
+BACKOFF_INITIAL_S = 1.0
+BACKOFF_MAX_S = 30.0
+# The supervision tick: how quickly exits, stops and log lines are noticed.
+TICK_S = 0.5
+LOG_CHUNK_BYTES = 64 * 1024
+# Logs go out in batches: one request per task every few seconds, not one per line.
+LOG_SHIP_INTERVAL_S = 2.0
+# XID codes kept for the next heartbeat while the portal is unreachable, per GPU.
+MAX_PENDING_XIDS = 100
+DEFAULT_STATE_DIR = "/var/lib/yard-agent"
+
+assert STOP_AFTER_S + MAX_GRACE_S + FENCE_GRACE_S + HEARTBEAT_INTERVAL_S < NODE_DOWN_AFTER_S
+
+
+class ConfigError(Exception):
+    """A configuration value is missing or wrong; the message says which."""
+
+
+def default_address() -> str:
+    """The address other nodes reach this one on: the host name's IP, else loopback."""
+    try:
+        return socket.gethostbyname(socket.gethostname())
+    except OSError:
+        return "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    portal: str
+    token: str
+    name: str = field(default_factory=socket.gethostname)
+    address: str = field(default_factory=default_address)
+    leaf: str = "leaf-0"
+    spine: str = "spine-0"
+    state_dir: Path = Path(DEFAULT_STATE_DIR)
+    heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
+    stop_after_s: float = STOP_AFTER_S
+    fence_grace_s: float = FENCE_GRACE_S
+    unkillable_after_s: float = UNKILLABLE_AFTER_S
+    http_timeout_s: float = HTTP_TIMEOUT_S
+    tick_s: float = TICK_S
+    # "8xH100" for simulated GPUs; None means real GPUs through NVML.
+    simulate: str | None = None
+    topology_file: Path | None = None
+
+    @property
+    def simulated(self) -> bool:
+        return self.simulate is not None or self.topology_file is not None
+
+
+_TOML_KEYS = {f.name for f in fields(AgentConfig)} - {"portal", "token"}
+_FLOAT_KEYS = {"heartbeat_interval_s", "stop_after_s", "fence_grace_s", "unkillable_after_s", "http_timeout_s", "tick_s"}
+_PATH_KEYS = {"state_dir", "topology_file"}
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Read a TOML config file into AgentConfig keyword arguments, failing loudly on unknown keys."""
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    unknown = set(raw) - _TOML_KEYS - {"portal", "token"}
+    if unknown:
+        raise ConfigError(f"unknown key(s) in {path}: {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in _FLOAT_KEYS:
+            if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{path}: {key} must be a positive number, not {value!r}")
+            values[key] = float(value)
+        elif key in _PATH_KEYS:
+            values[key] = Path(str(value))
+        elif not isinstance(value, str):
+            raise ConfigError(f"{path}: {key} must be a string, not {value!r}")
+        else:
+            values[key] = value
+    return values
+
+
+def build_config(*, file_values: dict[str, Any], cli_values: dict[str, Any]) -> AgentConfig:
+    """Merge file and command-line values (the command line wins) and check what must be there."""
+    merged = {**file_values, **{k: v for k, v in cli_values.items() if v is not None}}
+    for required in ("portal", "token"):
+        if not merged.get(required):
+            raise ConfigError(f"--{required} is required (on the command line or in the config file)")
+    config = AgentConfig(**merged)
+    if config.stop_after_s + MAX_GRACE_S + config.fence_grace_s + config.heartbeat_interval_s >= NODE_DOWN_AFTER_S:
+        raise ConfigError(
+            f"stop_after_s={config.stop_after_s} is too long: stale work would outlive the portal's "
+            f"{NODE_DOWN_AFTER_S:.0f} s DOWN timeout (see nodeagent/config.py)"
+        )
+    return config
+
+
+def with_portal_limits(config: AgentConfig, *, heartbeat_interval_s: float | None, stop_after_s: float | None) -> AgentConfig:
+    """Adopt the portal's heartbeat interval and the stricter of the two stop_after_s values."""
+    updated = config
+    if heartbeat_interval_s and heartbeat_interval_s > 0:
+        updated = replace(updated, heartbeat_interval_s=float(heartbeat_interval_s))
+    if stop_after_s and 0 < stop_after_s < updated.stop_after_s:
+        updated = replace(updated, stop_after_s=float(stop_after_s))
+    return updated

@@ -1,0 +1,127 @@
+"""The agent's local journal: what it started, so a restarted agent adopts its workloads and never
+starts the same (task, attempt) twice. One JSON file in the state dir, replaced atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal
+
+TaskState = Literal["launching", "running", "stopping", "exited"]
+JOURNAL_VERSION = 1
+
+
+@dataclass
+class NotebookInfo:
+    url: str
+    port: int
+    token: str
+    base_url: str
+
+
+@dataclass
+class TaskRecord:
+    task_id: int
+    attempt: int
+    job_id: int
+    kind: str
+    launch_id: str
+    workdir: str
+    checkpoint_dir: str
+    state: TaskState = "launching"
+    pid: int | None = None
+    start_ticks: int | None = None
+    started_at: float | None = None
+    time_limit_s: float | None = None
+    grace_s: float = 60.0
+    gpus: list[int] = field(default_factory=list)
+    notebook: NotebookInfo | None = None
+    # stopping
+    stop_cause: str | None = None
+    stop_reason: str | None = None
+    stop_deadline: float | None = None
+    sigterm_at: float | None = None
+    sigkill_at: float | None = None
+    # result
+    exit_code: int | None = None
+    signal: int | None = None
+    stopped_by: str | None = None
+    ended_at: float | None = None
+    # reporting to the portal
+    running_reported: bool = False
+    exit_reported: bool = False
+    log_file_pos: int = 0
+    log_offset: int = 0
+    log_closed: bool = False
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.task_id, self.attempt)
+
+    @property
+    def log_path(self) -> Path:
+        return Path(self.workdir) / "output.log"
+
+    @property
+    def exit_file(self) -> Path:
+        return Path(self.workdir) / "exit-status"
+
+    @property
+    def util_file(self) -> Path:
+        return Path(self.workdir) / "sim-util"
+
+    @property
+    def live(self) -> bool:
+        return self.state in ("launching", "running", "stopping")
+
+    @property
+    def settled(self) -> bool:
+        """Ended, and the portal has been told (or refused to hear of it)."""
+        return self.state == "exited" and self.exit_reported
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TaskRecord:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        if values.get("notebook") is not None:
+            values["notebook"] = NotebookInfo(**values["notebook"])
+        return cls(**values)
+
+
+@dataclass
+class JournalData:
+    last_contact: float | None = None
+    tasks: list[TaskRecord] = field(default_factory=list)
+
+
+def atomic_write(path: Path, text: str, *, mode: int = 0o644) -> None:
+    """Write via a temporary file, fsync and rename: a crash leaves the old file or the new one."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load(path: Path) -> JournalData:
+    if not path.exists():
+        return JournalData()
+    raw = json.loads(path.read_text())
+    return JournalData(
+        last_contact=raw.get("last_contact"),
+        tasks=[TaskRecord.from_json(item) for item in raw.get("tasks", [])],
+    )
+
+
+def save(path: Path, data: JournalData) -> None:
+    payload = {"version": JOURNAL_VERSION, "last_contact": data.last_contact, "tasks": [asdict(record) for record in data.tasks]}
+    atomic_write(path, json.dumps(payload, indent=1))

@@ -1,0 +1,83 @@
+"""Notebook tasks: a real Jupyter server per task, and its activity for the portal's idle reaper."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shlex
+import sys
+import urllib.error
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from nodeagent.journal import NotebookInfo
+from nodeagent.launcher import free_port
+
+PROBE_TIMEOUT_S = 2.0
+
+
+def plan_notebook(*, address: str, env: dict[str, str]) -> NotebookInfo:
+    """Pick the port, token and base URL; the URL the portal shows carries the token."""
+    port = free_port(address)
+    token = secrets.token_urlsafe(24)
+    base_url = env.get("YARD_NOTEBOOK_BASE_URL") or "/"
+    if not base_url.endswith("/"):
+        base_url += "/"
+    if not base_url.startswith("/"):
+        base_url = "/" + base_url
+    host = f"[{address}]" if ":" in address else address
+    return NotebookInfo(url=f"http://{host}:{port}{base_url}?token={token}", port=port, token=token, base_url=base_url)
+
+
+def notebook_command(info: NotebookInfo, *, address: str, root_dir: Path) -> str:
+    argv = [
+        sys.executable,
+        "-m",
+        "jupyter_server",
+        f"--ServerApp.ip={address}",
+        f"--ServerApp.port={info.port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={info.token}",
+        "--ServerApp.open_browser=False",
+        f"--ServerApp.base_url={info.base_url}",
+        f"--ServerApp.root_dir={root_dir}",
+    ]
+    if os.geteuid() == 0:
+        argv.append("--allow-root")
+    # exec: the server replaces the shell, so it is the process that gets the signals.
+    return "exec " + shlex.join(argv)
+
+
+def _get(url: str, token: str) -> Any:
+    request = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(request, timeout=PROBE_TIMEOUT_S) as response:
+        return json.loads(response.read())
+
+
+def _epoch(iso: object) -> float | None:
+    if not isinstance(iso, str):
+        return None
+    try:
+        return datetime.fromisoformat(iso).timestamp()
+    except ValueError:
+        return None
+
+
+def probe(info: NotebookInfo, *, address: str) -> dict[str, Any]:
+    """The heartbeat's `notebook` object; activity fields are None while the server does not answer."""
+    host = f"[{address}]" if ":" in address else address
+    api = f"http://{host}:{info.port}{info.base_url}api/"
+    report: dict[str, Any] = {"url": info.url, "kernel_busy": None, "last_activity": None, "kernels": None, "connections": None}
+    try:
+        status = _get(api + "status", info.token)
+        kernels = _get(api + "kernels", info.token)
+    except (urllib.error.URLError, OSError, ValueError):
+        return report
+    report["last_activity"] = _epoch(status.get("last_activity"))
+    report["kernels"] = status.get("kernels")
+    report["connections"] = status.get("connections")
+    report["kernel_busy"] = any(k.get("execution_state") == "busy" for k in kernels if isinstance(k, dict))
+    return report

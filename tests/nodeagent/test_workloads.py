@@ -1,0 +1,196 @@
+"""Launching, logs, exit reports, graceful stop, time limits and fencing: agents in threads, real
+workload processes, the fake portal."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.nodeagent.conftest import RunningAgent, task_spec, wait_gone
+from tests.nodeagent.fakeportal import FakePortal
+
+StartAgent = Callable[..., RunningAgent]
+
+
+def exited_status(portal: FakePortal, task_id: int) -> dict[str, object]:
+    statuses = portal.wait_for(lambda: portal.statuses_of(task_id, "exited"), what=f"task {task_id} exited")
+    return statuses[-1]  # type: ignore[no-any-return]
+
+
+def running_pid(portal: FakePortal, task_id: int) -> int:
+    statuses = portal.wait_for(lambda: portal.statuses_of(task_id, "running"), what=f"task {task_id} running")
+    return int(statuses[0]["pid"])
+
+
+def test_task_env_has_gpus_torchrun_variables_and_yard_variables(
+    portal: FakePortal, start_agent: StartAgent, tmp_path: Path
+) -> None:
+    env_file = tmp_path / "env.txt"
+    start_agent()
+    portal.set_desired(
+        "node-t1",
+        [
+            task_spec(
+                7,
+                f"env > {env_file}",
+                gpus=[4, 5, 6, 7],
+                rank=1,
+                node_rank=1,
+                world_size=2,
+                master_addr="10.0.0.9",
+                master_port=29511,
+                env={"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "WANDB_MODE": "offline"},
+                checkpoint_dir=str(tmp_path / "ckpt" / "job-107"),
+            )
+        ],
+    )
+    exited_status(portal, 7)
+    env = dict(line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line)
+    assert {
+        k: env[k]
+        for k in (
+            "CUDA_VISIBLE_DEVICES",
+            "WORLD_SIZE",
+            "RANK",
+            "NODE_RANK",
+            "LOCAL_RANK",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "YARD_JOB_ID",
+            "YARD_TASK_ID",
+            "YARD_ATTEMPT",
+            "WANDB_MODE",
+        )
+    } == {
+        "CUDA_VISIBLE_DEVICES": "4,5,6,7",
+        "WORLD_SIZE": "2",
+        "RANK": "1",
+        "NODE_RANK": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "10.0.0.9",
+        "MASTER_PORT": "29511",
+        "YARD_JOB_ID": "107",
+        "YARD_TASK_ID": "7",
+        "YARD_ATTEMPT": "1",
+        "WANDB_MODE": "offline",
+    }
+    assert env["YARD_CHECKPOINT_DIR"] == str(tmp_path / "ckpt" / "job-107")
+    assert Path(env["YARD_CHECKPOINT_DIR"]).is_dir()
+    assert env["YARD_SIM_UTIL_FILE"].endswith("sim-util")
+
+
+def test_logs_are_shipped_and_the_exit_code_reported(portal: FakePortal, start_agent: StartAgent) -> None:
+    start_agent()
+    portal.set_desired("node-t1", [task_spec(8, "echo to stdout; echo to stderr >&2; printf 'naïve\\n'; exit 3")])
+    status = exited_status(portal, 8)
+    assert (status["exit_code"], status["signal"], status["stopped_by"], status["stop_cause"]) == (3, None, None, None)
+    assert portal.log_text(8) == "to stdout\nto stderr\nnaïve\n"
+    assert portal.statuses_of(8, "running")[0]["started_at"] is not None
+
+
+def test_a_finished_task_is_not_started_again_while_still_desired(
+    portal: FakePortal, start_agent: StartAgent, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    agent = start_agent()
+    portal.set_desired("node-t1", [task_spec(9, f"echo run >> {runs}")])
+    exited_status(portal, 9)
+    heartbeats = len(portal.heartbeats("node-t1"))
+    portal.wait_for(lambda: len(portal.heartbeats("node-t1")) > heartbeats + 3, what="more heartbeats")
+    assert runs.read_text() == "run\n"
+    assert agent.record(9).settled
+
+
+def test_stop_sends_sigterm_and_a_trapping_workload_checkpoints_and_exits(
+    portal: FakePortal, start_agent: StartAgent, tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    script = "trap 'echo saved > \"$YARD_CHECKPOINT_DIR/step-10\"; exit 0' TERM; while :; do sleep 0.1; done"
+    spec = task_spec(10, script, checkpoint_dir=str(ckpt), grace_s=20)
+    start_agent()
+    portal.set_desired("node-t1", [spec])
+    pid = running_pid(portal, 10)
+    portal.set_desired("node-t1", [{**spec, "action": "stop", "stop_reason": "preempted by job 913"}])
+    status = exited_status(portal, 10)
+    assert (status["stopped_by"], status["stop_cause"], status["exit_code"]) == ("sigterm", "stop", 0)
+    assert (ckpt / "step-10").read_text() == "saved\n"
+    assert wait_gone(pid, timeout=2)
+
+
+def test_a_workload_ignoring_sigterm_is_killed_when_the_grace_ends(portal: FakePortal, start_agent: StartAgent) -> None:
+    spec = task_spec(11, "trap '' TERM; while :; do sleep 0.1; done", grace_s=1)
+    start_agent()
+    portal.set_desired("node-t1", [spec])
+    pid = running_pid(portal, 11)
+    portal.set_desired("node-t1", [{**spec, "action": "stop"}])
+    status = exited_status(portal, 11)
+    assert (status["stopped_by"], status["signal"]) == ("sigkill", 9)
+    assert status["ended_at"] - status["started_at"] >= 1  # type: ignore[operator]
+    assert wait_gone(pid, timeout=2)
+
+
+def test_processes_the_workload_forked_die_with_it(portal: FakePortal, start_agent: StartAgent, tmp_path: Path) -> None:
+    start_agent()
+    portal.set_desired("node-t1", [task_spec(12, "sleep 60 & echo $! > child; exit 0")])
+    exited_status(portal, 12)
+    workdir = tmp_path / "node-t1" / "tasks" / "12-1"
+    child = int((workdir / "child").read_text())
+    assert wait_gone(child, timeout=5) or not Path(f"/proc/{child}").exists()
+
+
+def test_time_limit_stops_the_task_gracefully(portal: FakePortal, start_agent: StartAgent) -> None:
+    start_agent()
+    portal.set_desired("node-t1", [task_spec(13, "exec sleep 60", time_limit_s=1, grace_s=5)])
+    status = exited_status(portal, 13)
+    assert (status["stop_cause"], status["stopped_by"], status["signal"]) == ("time_limit", "sigterm", 15)
+
+
+def test_fencing_kills_a_task_missing_from_desired(portal: FakePortal, start_agent: StartAgent) -> None:
+    start_agent(fence_grace_s=1.0)
+    portal.set_desired("node-t1", [task_spec(14, "trap '' TERM; exec sleep 60")])
+    pid = running_pid(portal, 14)
+    portal.set_desired("node-t1", [])
+    status = exited_status(portal, 14)
+    assert (status["stop_cause"], status["stopped_by"]) == ("fenced", "sigkill")
+    assert wait_gone(pid, timeout=2)
+
+
+def test_stale_attempt_answer_makes_the_agent_kill_the_process(portal: FakePortal, start_agent: StartAgent) -> None:
+    portal.stale.add((15, 1))
+    agent = start_agent()
+    portal.set_desired("node-t1", [task_spec(15, "exec sleep 60")])
+    record = portal.wait_for(lambda: agent.record(15), what="task 15 started")
+    portal.wait_for(lambda: record.settled, what="task 15 settled")
+    assert (record.stop_cause, record.signal) == ("fenced", 15)
+    assert wait_gone(record.pid, timeout=2)
+
+
+def test_heartbeat_reports_simulated_utilisation_from_the_workload(portal: FakePortal, start_agent: StartAgent) -> None:
+    start_agent()
+    portal.set_desired("node-t1", [task_spec(16, 'echo 88 > "$YARD_SIM_UTIL_FILE"; exec sleep 60', gpus=[2, 3])])
+
+    def utilisation() -> list[float] | None:
+        beats = portal.heartbeats("node-t1")
+        if not beats:
+            return None
+        utils = [g["utilization_pct"] for g in beats[-1]["gpus"]]
+        return utils if utils[2] else None
+
+    assert portal.wait_for(utilisation, what="utilisation") == [0.0, 0.0, 88.0, 88.0, 0.0, 0.0, 0.0, 0.0]
+
+
+def test_heartbeat_reports_the_newest_checkpoint_time(portal: FakePortal, start_agent: StartAgent, tmp_path: Path) -> None:
+    start_agent()
+    portal.set_desired(
+        "node-t1", [task_spec(17, 'touch "$YARD_CHECKPOINT_DIR/ckpt"; exec sleep 60', checkpoint_dir=str(tmp_path / "c17"))]
+    )
+
+    def checkpoint_time() -> float | None:
+        for heartbeat in reversed(portal.heartbeats("node-t1")):
+            for task in heartbeat["tasks"]:
+                if task["checkpoint_time"]:
+                    return float(task["checkpoint_time"])
+        return None
+
+    assert abs(portal.wait_for(checkpoint_time, what="checkpoint time") - os.stat(tmp_path / "c17" / "ckpt").st_mtime) < 1
