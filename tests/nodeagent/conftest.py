@@ -77,7 +77,9 @@ def start_agent(portal: FakePortal, tmp_path: Path) -> Iterator[Callable[..., Ru
     started: list[RunningAgent] = []
 
     def start(name: str = "node-t1", **overrides: Any) -> RunningAgent:
-        token = portal.add_node(name) if name not in portal.nodes else portal.nodes[name].token
+        token = overrides.pop("token", None)
+        if token is None:
+            token = portal.nodes[name].token if name in portal.nodes else portal.add_node(name)
         config = AgentConfig(
             portal=portal.url,
             token=token,
