@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import logging
+import posixpath
+import re
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import PurePosixPath
+
+from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.core.cache import cache
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from scheduling.models import Job, JobEvent
-from scheduling.states import TERMINAL_STATES, JobState, check_transition
+from scheduling.core.admission import admit
+from scheduling.core.types import PendingJob, Verdict
+from scheduling.core.types import Tier as CoreTier
+from scheduling.models import Allocation, Job, JobEvent, JobKind, Node, Task
+from scheduling.states import ACTIVE_STATES, TASK_LIVE_STATES, TERMINAL_STATES, JobState, TaskState, check_transition
+from tenants.models import OrgUnit
+from tenants.services import audit
 
 
 class StaleState(Exception):
@@ -52,3 +69,485 @@ def job_transition(
     for key, value in updates.items():
         setattr(job, key, value)
     return job
+
+
+# =========================================================================== the job lifecycle
+# Everything below is the contract of docs: services-contract (submit, cancel, stop, requeue,
+# task reports, node loss). Each change is conditional (a second caller finds nothing to do)
+# and leaves a JobEvent; user actions and scheduler decisions leave an AuditEntry too.
+
+STOP_REASONS = ("CANCELLED", "PREEMPTED", "IDLE_TIMEOUT", "TIME_LIMIT", "RANK_FAILED")
+MAX_REPLICAS = 1024
+MAX_GPUS_PER_REPLICA = 16
+MAX_TIME_LIMIT_S = 30 * 24 * 3600
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+_CYCLE_KICK_KEY = "yard:cycle-kick"
+_CYCLE_DEBOUNCE_S = 1
+
+log = logging.getLogger(__name__)
+
+
+class IdempotencyConflict(Exception):
+    """The same Idempotency-Key was used before for a different job spec."""
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(f"this Idempotency-Key was already used for job {job.pk} with a different spec")
+        self.job = job
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    team: OrgUnit
+    tier: int = 2
+    kind: str = "batch"
+    replicas: int = 1
+    gpus_per_replica: int = 1
+    gpu_type: str = "H100"
+    command: str = ""
+    env: Mapping[str, str] = field(default_factory=dict)
+    time_limit_s: int | None = None
+    checkpoint_dir: str = ""
+    priority: int = 0
+    cpus_per_replica: int = 4
+    memory_mb_per_replica: int = 16384
+
+
+def _label(actor: User | None, actor_label: str | None = None) -> str:
+    return actor_label or (actor.get_username() if actor is not None else "system")
+
+
+def _note(job: Job, reason: str, *, actor: User | None = None, actor_label: str | None = None) -> None:
+    """An event that is not a transition (stop ordered, borrowed, ...)."""
+    JobEvent.objects.create(
+        job=job,
+        attempt=job.attempt,
+        from_state=job.state,
+        to_state="",
+        reason=reason,
+        actor=actor if actor is not None and actor.pk else None,
+        actor_label=_label(actor, actor_label),
+    )
+
+
+def cycle_request() -> None:
+    """Ask for a scheduling cycle once the current transaction commits, debounced cluster-wide.
+
+    The first request in a window of _CYCLE_DEBOUNCE_S sets a short cache key and sends one
+    run_cycle with that countdown, so a burst of submits or task ends makes one cycle, which
+    sees all of them; requests after the window get the next one, and beat covers the rest.
+    """
+    transaction.on_commit(_kick_cycle)
+
+
+def _kick_cycle() -> None:
+    from scheduling.tasks import run_cycle
+
+    try:
+        if cache.add(_CYCLE_KICK_KEY, 1, timeout=_CYCLE_DEBOUNCE_S):
+            run_cycle.apply_async(countdown=_CYCLE_DEBOUNCE_S)
+    except Exception:  # the broker or cache being down must not fail a submit; beat runs the cycle anyway
+        log.warning("could not request a scheduling cycle", exc_info=True)
+
+
+# --------------------------------------------------------------------------- submit
+
+
+def _team_dir(team: OrgUnit) -> PurePosixPath:
+    return PurePosixPath(str(settings.YARD["CHECKPOINT_ROOT"])) / team.slug
+
+
+def _validate_spec(*, user: User, spec: JobSpec) -> None:
+    """Field errors a person can fix, keyed by field, all at once."""
+    from tenants.selectors import teams_submittable
+
+    errors: dict[str, list[str]] = defaultdict(list)
+    if not spec.name.strip():
+        errors["name"].append("Give the job a name")
+    elif len(spec.name) > 200:
+        errors["name"].append("At most 200 characters")
+    if not teams_submittable(user=user).filter(pk=spec.team.pk).exists():
+        errors["team"].append("You cannot submit jobs for this team")
+    if spec.tier not in (1, 2, 3):
+        errors["tier"].append("Tier is 1 (production), 2 (research) or 3 (spot)")
+    if spec.kind not in JobKind.values:
+        errors["kind"].append(f"Kind is one of {', '.join(JobKind.values)}")
+    if not 1 <= spec.replicas <= MAX_REPLICAS:
+        errors["replicas"].append(f"Between 1 and {MAX_REPLICAS}")
+    if spec.kind == JobKind.NOTEBOOK and spec.replicas != 1:
+        errors["replicas"].append("A notebook runs as one replica")
+    if not 1 <= spec.gpus_per_replica <= MAX_GPUS_PER_REPLICA:
+        errors["gpus_per_replica"].append(f"Between 1 and {MAX_GPUS_PER_REPLICA}")
+    if not spec.gpu_type or len(spec.gpu_type) > 32:
+        errors["gpu_type"].append("Name a GPU type, e.g. H100")
+    if spec.time_limit_s is not None and not 60 <= spec.time_limit_s <= MAX_TIME_LIMIT_S:
+        errors["time_limit_s"].append(f"Between 60 and {MAX_TIME_LIMIT_S} seconds")
+    if not -1000 <= spec.priority <= 1000:
+        errors["priority"].append("Between -1000 and 1000")
+    if not 1 <= spec.cpus_per_replica <= 1024:
+        errors["cpus_per_replica"].append("Between 1 and 1024")
+    if not 1 <= spec.memory_mb_per_replica <= 16 * 1024 * 1024:
+        errors["memory_mb_per_replica"].append("Between 1 MB and 16 TB")
+    if len(spec.command) > 100_000:
+        errors["command"].append("At most 100000 characters")
+    if not isinstance(spec.env, Mapping) or len(spec.env) > 200:
+        errors["env"].append("A mapping of at most 200 variables")
+    else:
+        for key, value in spec.env.items():
+            if not isinstance(key, str) or not _ENV_NAME.match(key):
+                errors["env"].append(f"{str(key)[:40]!r} is not a valid variable name")
+            elif not isinstance(value, str) or len(value) > 10_000 or "\x00" in value:
+                errors["env"].append(f"{key}: the value must be text of at most 10000 characters")
+    if spec.checkpoint_dir:
+        team_dir = _team_dir(spec.team)
+        wanted = PurePosixPath(posixpath.normpath(spec.checkpoint_dir))
+        if (
+            "\x00" in spec.checkpoint_dir
+            or len(spec.checkpoint_dir) > 1024
+            or not wanted.is_relative_to(team_dir)
+            or wanted == team_dir
+        ):
+            errors["checkpoint_dir"].append(f"Must be inside your team's directory {team_dir}/")
+    for text_field in ("name", "command", "gpu_type"):
+        if "\x00" in getattr(spec, text_field):
+            errors[text_field].append("Must not contain NUL characters")
+    if errors:
+        raise ValidationError({k: v for k, v in errors.items()})
+
+
+def _pending_job_for(spec: JobSpec, *, job_id: str, now: datetime) -> PendingJob:
+    from scheduling.selectors import unit_key
+
+    return PendingJob(
+        job_id=job_id,
+        team=unit_key(spec.team.pk),
+        tier=CoreTier(spec.tier),
+        replicas=spec.replicas,
+        gpus_per_replica=spec.gpus_per_replica,
+        gpu_type=spec.gpu_type,
+        submit_time=now.timestamp(),
+        time_limit=float(spec.time_limit_s or settings.YARD["DEFAULT_TIME_LIMIT_S"]),
+        priority=spec.priority,
+    )
+
+
+def _admission(spec: JobSpec, *, now: datetime) -> Verdict:
+    from scheduling.selectors import snapshot_build
+
+    return admit(snapshot_build(now=now), _pending_job_for(spec, job_id="new", now=now), now=now.timestamp())
+
+
+def job_preview(*, user: User, spec: JobSpec) -> Verdict:
+    """Would this job be accepted, and where or when would it start? Raises ValidationError for bad fields."""
+    _validate_spec(user=user, spec=spec)
+    return _admission(spec, now=timezone.now())
+
+
+def _same_spec(job: Job, spec: JobSpec) -> bool:
+    return (
+        job.name == spec.name
+        and job.team_id == spec.team.pk
+        and job.tier == spec.tier
+        and job.kind == spec.kind
+        and job.replicas == spec.replicas
+        and job.gpus_per_replica == spec.gpus_per_replica
+        and job.gpu_type == spec.gpu_type
+        and job.command == spec.command
+        and job.env == dict(spec.env)
+        and job.time_limit_s == (spec.time_limit_s or settings.YARD["DEFAULT_TIME_LIMIT_S"])
+        and (not spec.checkpoint_dir or job.checkpoint_dir == posixpath.normpath(spec.checkpoint_dir))
+        and job.priority == spec.priority
+        and job.cpus_per_replica == spec.cpus_per_replica
+        and job.memory_mb_per_replica == spec.memory_mb_per_replica
+    )
+
+
+def _existing_for_key(user: User, key: str, spec: JobSpec) -> Job | None:
+    job = Job.objects.filter(user=user, idempotency_key=key).first()
+    if job is not None and not _same_spec(job, spec):
+        raise IdempotencyConflict(job)
+    return job
+
+
+def job_submit(*, user: User, spec: JobSpec, idempotency_key: str | None = None, copied_from: Job | None = None) -> Job:
+    """Validate, run the admission check, create the PENDING job; the same key and spec twice -> the same job.
+
+    Raises ValidationError (field -> messages; "__all__" when the admission check refuses) and
+    IdempotencyConflict when the key was used for another spec.
+    """
+    if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > 128):
+        raise ValidationError({"idempotency_key": "Between 1 and 128 characters"})
+    if idempotency_key and (existing := _existing_for_key(user, idempotency_key, spec)) is not None:
+        return existing
+    _validate_spec(user=user, spec=spec)
+    now = timezone.now()
+    verdict = _admission(spec, now=now)
+    if not verdict.ok:
+        raise ValidationError({NON_FIELD_ERRORS: [f"This job can never run: {verdict.reason}"]})
+    try:
+        with transaction.atomic():
+            job = _create_job(user=user, spec=spec, key=idempotency_key, copied_from=copied_from, now=now, verdict=verdict)
+    except IntegrityError:
+        # A concurrent retry with the same key won the race: answer with its job.
+        if idempotency_key and (existing := _existing_for_key(user, idempotency_key, spec)) is not None:
+            return existing
+        raise
+    cycle_request()
+    return job
+
+
+def _create_job(*, user: User, spec: JobSpec, key: str | None, copied_from: Job | None, now: datetime, verdict: Verdict) -> Job:
+    job = Job.objects.create(
+        name=spec.name,
+        team=spec.team,
+        user=user,
+        tier=spec.tier,
+        kind=spec.kind,
+        replicas=spec.replicas,
+        gpus_per_replica=spec.gpus_per_replica,
+        gpu_type=spec.gpu_type,
+        cpus_per_replica=spec.cpus_per_replica,
+        memory_mb_per_replica=spec.memory_mb_per_replica,
+        command=spec.command,
+        env=dict(spec.env),
+        time_limit_s=spec.time_limit_s or settings.YARD["DEFAULT_TIME_LIMIT_S"],
+        priority=spec.priority,
+        submitted_at=now,
+        state_changed_at=now,
+        idempotency_key=key,
+        copied_from=copied_from,
+        pending_reason=verdict.reason,
+    )
+    job.checkpoint_dir = (
+        posixpath.normpath(spec.checkpoint_dir) if spec.checkpoint_dir else str(_team_dir(spec.team) / str(job.pk))
+    )
+    Job.objects.filter(pk=job.pk).update(checkpoint_dir=job.checkpoint_dir)
+    JobEvent.objects.create(
+        job=job,
+        time=now,
+        attempt=1,
+        to_state=JobState.PENDING,
+        reason=f"submitted; {verdict.reason}",
+        actor=user,
+        actor_label=user.get_username(),
+    )
+    audit(
+        actor=user,
+        action="job.submit",
+        obj=job,
+        unit=spec.team,
+        message=f"{job.name}: {job.replicas}x{job.gpus_per_replica} {job.gpu_type}, tier {job.tier}",
+        data={"copied_from": copied_from.pk if copied_from else None, "idempotency_key": key},
+    )
+    return job
+
+
+# --------------------------------------------------------------------------- stop, cancel, requeue
+
+
+def _stop_tasks(job: Job) -> None:
+    Task.objects.filter(job=job, attempt=job.attempt, state__in=(TaskState.ASSIGNED, TaskState.RUNNING)).update(
+        state=TaskState.STOPPING
+    )
+
+
+@transaction.atomic
+def job_request_stop(
+    *, job: Job, reason: str, grace_s: float | None = None, actor: User | None = None, actor_label: str | None = None
+) -> Job:
+    """Order a running gang to stop (SIGTERM, ``grace_s``, SIGKILL by its agents); the job settles when its tasks exit.
+
+    Conditional: a job already told to stop is returned unchanged (two reapers never stop it
+    twice) — except that a cancel overrides a preemption in progress, so it ends CANCELLED.
+    """
+    if reason not in STOP_REASONS:
+        raise ValueError(f"unknown stop reason {reason!r}; one of {', '.join(STOP_REASONS)}")
+    now = timezone.now()
+    grace = round(grace_s if grace_s is not None else float(settings.YARD["GRACE_PERIOD_S"]))
+    label = _label(actor, actor_label)
+    ordered = Job.objects.filter(pk=job.pk, attempt=job.attempt, state__in=ACTIVE_STATES, stop_requested_at__isnull=True).update(
+        stop_requested_at=now, stop_reason=reason, stop_grace_s=grace
+    )
+    if not ordered:
+        if reason == "CANCELLED" and Job.objects.filter(pk=job.pk, attempt=job.attempt, stop_reason="PREEMPTED").update(
+            stop_reason="CANCELLED"
+        ):
+            job.refresh_from_db()
+            _note(job, "cancelled while being preempted: it will end cancelled", actor=actor, actor_label=label)
+            return job
+        job.refresh_from_db()
+        return job
+    job.refresh_from_db()
+    text = f"stop ordered ({reason}, grace {grace} s)"
+    if reason == "PREEMPTED" and job.state != JobState.PREEMPTING:
+        job_transition(job=job, to=JobState.PREEMPTING, reason=text, actor=actor, actor_label=label)
+    else:
+        _note(job, text, actor=actor, actor_label=label)
+    _stop_tasks(job)
+    return job
+
+
+@transaction.atomic
+def job_cancel(*, job: Job, actor: User) -> Job:
+    """A pending job is cancelled at once; a running one is told to stop (it ends CANCELLED); a finished one is left."""
+    job = Job.objects.select_for_update().get(pk=job.pk)
+    if job.state == JobState.PENDING:
+        job_transition(job=job, to=JobState.CANCELLED, reason=f"cancelled by {actor.get_username()}", actor=actor)
+        Job.objects.filter(pk=job.pk).update(pending_reason="", estimated_start=None, reservation_domain="")
+    elif job.state in ACTIVE_STATES:
+        job = job_request_stop(job=job, reason="CANCELLED", actor=actor)
+    else:
+        return job
+    audit(actor=actor, action="job.cancel", obj=job, unit=job.team, message=f"cancel {job.name} ({job.state})")
+    cycle_request()
+    return job
+
+
+@transaction.atomic
+def job_requeue(*, job: Job, reason: str, actor_label: str) -> Job:
+    """PREEMPTED or LOST -> PENDING as attempt + 1, with its checkpoint directory, so it resumes from it."""
+    job = job_transition(
+        job=job,
+        to=JobState.PENDING,
+        reason=f"requeued as attempt {job.attempt + 1}: {reason}",
+        actor_label=actor_label,
+        attempt=job.attempt + 1,
+        started_at=None,
+        ended_at=None,
+        exit_code=None,
+        stop_requested_at=None,
+        stop_reason="",
+        locality="",
+        leaves_spanned=0,
+        borrowed=False,
+        pending_reason="requeued; waiting for the next scheduling cycle",
+        estimated_start=None,
+        reservation_domain="",
+    )
+    cycle_request()
+    return job
+
+
+# --------------------------------------------------------------------------- task reports
+
+
+@transaction.atomic
+def task_mark_running(*, task: Task, pid: int | None, started_at: datetime, notebook_url: str = "") -> Task:
+    """ASSIGNED -> RUNNING; the job STARTING -> RUNNING once every rank of the attempt runs. Repeats change nothing."""
+    job = Job.objects.select_for_update().get(pk=task.job_id)  # serialises the ranks' reports on one job
+    changed = Task.objects.filter(pk=task.pk, state=TaskState.ASSIGNED).update(
+        state=TaskState.RUNNING, pid=pid, started_at=started_at, notebook_url=notebook_url
+    )
+    task.refresh_from_db()
+    if not changed or job.attempt != task.attempt or job.state != JobState.STARTING:
+        return task
+    waiting = Task.objects.filter(job=job, attempt=job.attempt).exclude(state=TaskState.RUNNING).exists()
+    if not waiting:
+        job_transition(job=job, to=JobState.RUNNING, reason=f"all {job.replicas} ranks running", actor_label="scheduler")
+    return task
+
+
+def _release(task_ids: list[int], now: datetime) -> None:
+    Allocation.objects.filter(task_id__in=task_ids, released_at__isnull=True).update(released_at=now)
+
+
+@transaction.atomic
+def task_mark_exited(*, task: Task, exit_code: int | None, signal: int | None, stopped_by: str, ended_at: datetime) -> Task:
+    """The task ended: release its GPUs; when the attempt's last task has ended, settle the job.
+
+    A rank that fails while others run makes the others stop (a gang without one rank only hangs).
+    """
+    job = Job.objects.select_for_update().get(pk=task.job_id)
+    now = timezone.now()
+    changed = Task.objects.filter(pk=task.pk, state__in=TASK_LIVE_STATES).update(
+        state=TaskState.EXITED, exit_code=exit_code, signal=signal, stopped_by=stopped_by or "", ended_at=ended_at
+    )
+    task.refresh_from_db()
+    if not changed:
+        return task
+    _release([task.pk], now)
+    if job.attempt != task.attempt or job.state not in ACTIVE_STATES:
+        cycle_request()
+        return task
+    failed = exit_code != 0 or signal is not None
+    if Task.objects.filter(job=job, attempt=job.attempt, state__in=TASK_LIVE_STATES).exists():
+        if failed and job.stop_requested_at is None:
+            job_request_stop(job=job, reason="RANK_FAILED", grace_s=30, actor_label="scheduler")
+            _note(
+                job,
+                f"rank {task.rank} failed (exit {exit_code}, signal {signal}): stopping the other ranks",
+                actor_label="scheduler",
+            )
+    else:
+        _settle(job)
+    cycle_request()
+    return task
+
+
+def _settle(job: Job) -> None:
+    """The attempt's last task ended: the job's final state follows from its stop order and exit codes."""
+    tasks = list(Task.objects.filter(job=job, attempt=job.attempt))
+    clean = all(t.exit_code == 0 and t.signal is None and not t.stopped_by for t in tasks)
+    first_bad = next((t.exit_code for t in tasks if t.exit_code not in (0, None)), None)
+    exit_code = 0 if clean else (first_bad if first_bad is not None else -1)
+    reason = job.stop_reason
+    if reason == "PREEMPTED" and not clean:
+        job_transition(
+            job=job, to=JobState.PREEMPTED, reason="preempted: every rank stopped", actor_label="scheduler", exit_code=exit_code
+        )
+        job_requeue(job=job, reason="preempted", actor_label="scheduler")
+    elif reason in ("CANCELLED", "IDLE_TIMEOUT"):
+        why = "cancelled" if reason == "CANCELLED" else "idle timeout: the notebook held GPUs unused"
+        job_transition(job=job, to=JobState.CANCELLED, reason=why, actor_label="scheduler", exit_code=exit_code)
+    elif reason == "TIME_LIMIT":
+        job_transition(
+            job=job,
+            to=JobState.FAILED,
+            reason=f"time limit of {job.time_limit_s} s reached",
+            actor_label="scheduler",
+            exit_code=exit_code,
+        )
+    elif clean:
+        job_transition(job=job, to=JobState.COMPLETED, reason="every rank exited 0", actor_label="scheduler", exit_code=0)
+    else:
+        job_transition(
+            job=job, to=JobState.FAILED, reason=f"a rank failed (exit {exit_code})", actor_label="scheduler", exit_code=exit_code
+        )
+
+
+# --------------------------------------------------------------------------- node loss
+
+
+def node_mark_lost(*, node: Node, reason: str) -> list[Job]:
+    """The node's live tasks are LOST; each gang on it loses every rank, frees its GPUs and is requeued once.
+
+    Each job is handled in its own transaction with its row locked, so two callers (the liveness
+    check twice, or concurrently) requeue it exactly once: the second finds no live task.
+    """
+    requeued: list[Job] = []
+    job_ids = sorted(set(Task.objects.filter(node=node, state__in=TASK_LIVE_STATES).values_list("job_id", flat=True)))
+    for job_id in job_ids:
+        with transaction.atomic():
+            job = Job.objects.select_for_update().get(pk=job_id)
+            on_node = Task.objects.filter(job=job, node=node, attempt=job.attempt, state__in=TASK_LIVE_STATES)
+            if job.state not in ACTIVE_STATES or not on_node.exists():
+                # an older attempt's leftovers: just end them
+                stale = list(Task.objects.filter(job=job, node=node, state__in=TASK_LIVE_STATES).values_list("pk", flat=True))
+                Task.objects.filter(pk__in=stale).update(state=TaskState.LOST, ended_at=timezone.now())
+                _release(stale, timezone.now())
+                continue
+            now = timezone.now()
+            live = list(
+                Task.objects.filter(job=job, attempt=job.attempt, state__in=TASK_LIVE_STATES).values_list("pk", flat=True)
+            )
+            # Ranks on other nodes are LOST too: their agents are fenced (no longer in desired) and
+            # the gang restarts whole from its checkpoint.
+            Task.objects.filter(pk__in=live).update(state=TaskState.LOST, ended_at=now)
+            _release(live, now)
+            job_transition(job=job, to=JobState.LOST, reason=f"node {node.name} lost: {reason}", actor_label="scheduler")
+            job = job_requeue(job=job, reason=f"node {node.name} lost", actor_label="scheduler")
+            audit(
+                actor=None, actor_label="scheduler", action="job.lost", obj=job, unit=None, message=f"node {node.name}: {reason}"
+            )
+            requeued.append(job)
+    return requeued
