@@ -440,6 +440,10 @@ class Agent:
             gpus=[int(i) for i in spec.get("gpus") or []],
         )
         command = str(spec.get("command") or "")
+        unknown = sorted(set(record.gpus) - {gpu.index for gpu in self.gpus.gpus()})
+        if unknown:
+            self._launch_failed(record, f"this node has no GPU {unknown}")
+            return
         try:
             workdir.mkdir(parents=True, exist_ok=True)
             Path(record.checkpoint_dir).mkdir(parents=True, exist_ok=True)

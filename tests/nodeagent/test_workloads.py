@@ -4,9 +4,13 @@ workload processes, the fake portal."""
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from nodeagent import launcher
 from tests.nodeagent.conftest import RunningAgent, task_spec, wait_gone
 from tests.nodeagent.fakeportal import FakePortal
 
@@ -194,3 +198,31 @@ def test_heartbeat_reports_the_newest_checkpoint_time(portal: FakePortal, start_
         return None
 
     assert abs(portal.wait_for(checkpoint_time, what="checkpoint time") - os.stat(tmp_path / "c17" / "ckpt").st_mtime) < 1
+
+
+def test_a_task_naming_gpus_the_node_lacks_fails_with_the_reason_in_its_log(portal: FakePortal, start_agent: StartAgent) -> None:
+    start_agent()
+    portal.set_desired("node-t1", [task_spec(18, "exit 0", gpus=[7, 8])])
+    status = exited_status(portal, 18)
+    assert (status["exit_code"], status["pid"]) == (None, None)
+    assert "no GPU [8]" in portal.log_text(18)
+
+
+def test_a_task_surviving_sigkill_drains_the_node(
+    portal: FakePortal, start_agent: StartAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No process survives SIGKILL on demand (that takes a hung driver, D state): here SIGKILL is
+    # withheld from a workload that ignores SIGTERM, which looks the same to the agent.
+    real_signal_group = launcher.signal_group
+    monkeypatch.setattr(
+        launcher, "signal_group", lambda pgid, signum: None if signum == signal.SIGKILL else real_signal_group(pgid, signum)
+    )
+    agent = start_agent(unkillable_after_s=0.5)
+    spec = task_spec(19, "trap '' TERM; exec sleep 60", grace_s=0.2)
+    portal.set_desired("node-t1", [spec])
+    record = portal.wait_for(lambda: agent.record(19), what="task 19 started")
+    portal.set_desired("node-t1", [{**spec, "action": "stop"}])
+    reason = portal.wait_for(lambda: portal.nodes["node-t1"].drains, what="a drain request")[0]
+    assert reason.startswith("task 19 attempt 1") and "survived SIGKILL" in reason
+    portal.wait_for(lambda: portal.heartbeats("node-t1")[-1]["draining_reason"], what="draining_reason in a heartbeat")
+    assert record.state == "stopping"

@@ -1,0 +1,223 @@
+"""Many simulated agents in one process, for the demo cluster.
+
+    python -m nodeagent.fleet --portal URL --token yen_… --simulate-nodes 40x8xH100 --state-dir var/fleet
+
+Each node is a full Agent (own state dir, journal, real workload subprocesses) in its own thread:
+40 agent processes would not fit on a small demo machine. `--simulate-nodes` is either a spec
+`COUNTxGPUS` (nodes named node-000…, grouped `--nodes-per-leaf` to a leaf and `--leaves-per-spine`
+to a spine) or a TOML/JSON file:
+
+    [[nodes]]
+    name = "node-a01"
+    leaf = "leaf-0"
+    spine = "spine-0"
+    simulate = "8xH100"          # or topology = "path/to/topology.json"
+
+`--token` is an enrolment token (each node registers once and keeps its node token in its state
+dir), or a JSON file mapping node names to node tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import re
+import signal
+import sys
+import threading
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from nodeagent.agent import Agent, AgentFatal
+from nodeagent.config import AgentConfig, ConfigError
+from nodeagent.simgpu import SimulatedGpus, TopologyError, gpus_from_file, gpus_from_spec
+
+_FLEET_SPEC = re.compile(r"^(\d+)x(\d+x[A-Za-z0-9]+)$")
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    leaf: str
+    spine: str
+    simulate: str | None = None
+    topology: Path | None = None
+
+
+def nodes_from_spec(spec: str, *, nodes_per_leaf: int, leaves_per_spine: int, prefix: str) -> list[NodeSpec]:
+    match = _FLEET_SPEC.match(spec.strip())
+    if not match:
+        raise ConfigError(f"bad --simulate-nodes {spec!r}: expected a file or COUNTxGPUS such as 40x8xH100")
+    count, gpus = int(match.group(1)), match.group(2)
+    width = max(3, len(str(count - 1)))
+    return [
+        NodeSpec(
+            name=f"{prefix}{i:0{width}d}",
+            leaf=f"leaf-{i // nodes_per_leaf}",
+            spine=f"spine-{i // (nodes_per_leaf * leaves_per_spine)}",
+            simulate=gpus,
+        )
+        for i in range(count)
+    ]
+
+
+def nodes_from_file(path: Path) -> list[NodeSpec]:
+    try:
+        text = path.read_text()
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        nodes = [
+            NodeSpec(
+                name=str(entry["name"]),
+                leaf=str(entry.get("leaf", "leaf-0")),
+                spine=str(entry.get("spine", "spine-0")),
+                simulate=entry.get("simulate") or (None if entry.get("topology") else "8xH100"),
+                topology=Path(entry["topology"]) if entry.get("topology") else None,
+            )
+            for entry in data["nodes"]
+        ]
+    except (OSError, ValueError, KeyError, TypeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read the node list {path}: {exc!r}") from exc
+    if len({n.name for n in nodes}) != len(nodes):
+        raise ConfigError(f"{path}: node names must be distinct")
+    return nodes
+
+
+def tokens_for(token: str, nodes: list[NodeSpec]) -> dict[str, str]:
+    """One token per node: the enrolment token for all, or each node's own from a JSON file."""
+    path = Path(token)
+    if not path.is_file():
+        return {node.name: token for node in nodes}
+    try:
+        mapping = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the token file {path}: {exc}") from exc
+    missing = [node.name for node in nodes if node.name not in mapping]
+    if missing:
+        raise ConfigError(f"{path} has no token for {', '.join(missing[:5])}")
+    return {node.name: str(mapping[node.name]) for node in nodes}
+
+
+class Fleet:
+    """Runs one Agent per node in threads, all stopped by one event."""
+
+    def __init__(self, configs: list[AgentConfig], nodes: list[NodeSpec], *, stagger_s: float) -> None:
+        self.stop_event = threading.Event()
+        self.agents: list[Agent] = []
+        self.stagger_s = stagger_s
+        for config, node in zip(configs, nodes, strict=True):
+            gpus = (
+                gpus_from_file(node.topology, node=node.name)
+                if node.topology is not None
+                else gpus_from_spec(node.simulate or "8xH100", node=node.name)
+            )
+            self.agents.append(Agent(config, SimulatedGpus(gpus), stop_event=self.stop_event))
+        self.threads: list[threading.Thread] = []
+
+    def _run_one(self, agent: Agent, delay: float) -> None:
+        # Spread the first heartbeats so 40 agents do not hit the portal in the same instant.
+        if self.stop_event.wait(delay):
+            return
+        try:
+            agent.run()
+        except AgentFatal as exc:
+            logging.getLogger("nodeagent.fleet").error("[%s] %s", agent.config.name, exc)
+        except Exception:
+            logging.getLogger("nodeagent.fleet").exception("[%s] agent crashed", agent.config.name)
+
+    def start(self) -> None:
+        rng = random.Random()
+        for agent in self.agents:
+            thread = threading.Thread(
+                target=self._run_one, args=(agent, rng.uniform(0, self.stagger_s)), name=agent.config.name, daemon=True
+            )
+            thread.start()
+            self.threads.append(thread)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self.stop_event.set()
+        for thread in self.threads:
+            thread.join(timeout=timeout_s)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m nodeagent.fleet", description="many simulated node agents")
+    parser.add_argument("--portal", required=True)
+    parser.add_argument("--token", required=True, help="enrolment token, or a JSON file {node name: node token}")
+    parser.add_argument("--simulate-nodes", required=True, help="COUNTxGPUS (e.g. 40x8xH100) or a TOML/JSON file")
+    parser.add_argument("--state-dir", type=Path, default=Path("var/fleet"))
+    parser.add_argument("--address", default="127.0.0.1")
+    parser.add_argument("--nodes-per-leaf", type=int, default=5)
+    parser.add_argument("--leaves-per-spine", type=int, default=4)
+    parser.add_argument("--prefix", default="node-")
+    parser.add_argument("--heartbeat-interval", type=float, default=None)
+    parser.add_argument("--tick", type=float, default=1.0, help="supervision tick per agent (s)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    return parser
+
+
+def build_fleet(args: argparse.Namespace) -> Fleet:
+    source = Path(args.simulate_nodes)
+    nodes = (
+        nodes_from_file(source)
+        if source.is_file()
+        else nodes_from_spec(
+            args.simulate_nodes,
+            nodes_per_leaf=args.nodes_per_leaf,
+            leaves_per_spine=args.leaves_per_spine,
+            prefix=args.prefix,
+        )
+    )
+    tokens = tokens_for(args.token, nodes)
+    extra = {"heartbeat_interval_s": args.heartbeat_interval} if args.heartbeat_interval else {}
+    configs = [
+        AgentConfig(
+            portal=args.portal,
+            token=tokens[node.name],
+            name=node.name,
+            address=args.address,
+            leaf=node.leaf,
+            spine=node.spine,
+            state_dir=args.state_dir / node.name,
+            simulate=node.simulate,
+            topology_file=node.topology,
+            tick_s=args.tick,
+            **extra,
+        )
+        for node in nodes
+    ]
+    stagger = configs[0].heartbeat_interval_s if configs else 0.0
+    return Fleet(configs, nodes, stagger_s=stagger)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    try:
+        fleet = build_fleet(args)
+    except (ConfigError, TopologyError) as exc:
+        print(f"yard-fleet: {exc}", file=sys.stderr)
+        return 2
+    done = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    fleet.start()
+    logging.getLogger("nodeagent.fleet").info("%d simulated node agents started", len(fleet.agents))
+    while not done.wait(1.0):
+        if not any(thread.is_alive() for thread in fleet.threads):
+            break
+    fleet.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
