@@ -1,0 +1,125 @@
+"""Hypothesis strategies: random clusters, quota trees and consistent job mixes."""
+
+from hypothesis import strategies as st
+
+from scheduling.core.testing import cluster, merge
+from scheduling.core.types import (
+    Config,
+    Node,
+    PendingJob,
+    QuotaUnit,
+    RunningJob,
+    Snapshot,
+    Tier,
+    Topology,
+)
+
+TEAMS = ("t0", "t1", "t2", "t3")
+NOW = 100_000.0
+
+
+@st.composite
+def topologies(draw: st.DrawFn) -> Topology:
+    main = cluster(
+        nodes_per_leaf=draw(st.integers(1, 4)),
+        leaves_per_spine=draw(st.integers(1, 3)),
+        spines=draw(st.integers(1, 2)),
+        gpus_per_node=draw(st.sampled_from([4, 8])),
+        nvlink_domains=draw(st.sampled_from([1, 2])),
+    )
+    parts = [main]
+    if draw(st.booleans()):
+        parts.append(cluster(nodes_per_leaf=draw(st.integers(1, 3)), gpu_type="A100", prefix="a"))
+    topo = merge(*parts)
+    down = draw(st.sets(st.sampled_from([n.name for n in topo.nodes]), max_size=2))
+    return Topology(
+        nodes=tuple(Node(n.name, n.leaf, n.spine, n.gpu_type, n.gpus, schedulable=n.name not in down) for n in topo.nodes)
+    )
+
+
+@st.composite
+def quota_trees(draw: st.DrawFn) -> tuple[QuotaUnit, ...]:
+    def amounts(max_value: int) -> dict[str, int]:
+        return draw(st.dictionaries(st.sampled_from(["H100", "A100"]), st.integers(0, max_value), max_size=2))
+
+    units = [QuotaUnit("root", None), QuotaUnit("d0", "root", limit=amounts(64)), QuotaUnit("d1", "root")]
+    for i, team in enumerate(TEAMS):
+        units.append(
+            QuotaUnit(
+                team,
+                "d0" if i < 2 else "d1",
+                guaranteed=amounts(24),
+                limit=amounts(48) if draw(st.booleans()) else {},
+                usage={"H100": draw(st.floats(0, 1e6)), "A100": draw(st.floats(0, 1e6))},
+                weight=draw(st.sampled_from([0.5, 1.0, 2.0])),
+            )
+        )
+    return tuple(units)
+
+
+shapes = st.tuples(st.integers(1, 4), st.sampled_from([1, 2, 4, 8]))
+tiers = st.sampled_from(list(Tier))
+
+
+@st.composite
+def running_jobs(draw: st.DrawFn, topo: Topology, count: int) -> tuple[RunningJob, ...]:
+    """Running gangs on disjoint GPUs: each replica on the free GPUs of one node."""
+    free = {n.name: [g.id for g in n.gpus] for n in topo.nodes}
+    types = {n.name: n.gpu_type for n in topo.nodes}
+    out = []
+    for i in range(count):
+        replicas, per = draw(shapes)
+        gpu_type = draw(st.sampled_from(sorted(set(types.values()))))
+        reps = []
+        for _ in range(replicas):
+            fitting = sorted(n for n, ids in free.items() if len(ids) >= per and types[n] == gpu_type)
+            if not fitting:
+                break
+            node_name = draw(st.sampled_from(fitting))
+            reps.append(tuple(free[node_name][:per]))
+            free[node_name] = free[node_name][per:]
+        if not reps:
+            continue
+        start = draw(st.floats(NOW - 50_000, NOW))
+        out.append(
+            RunningJob(
+                job_id=f"r{i}",
+                team=draw(st.sampled_from(TEAMS)),
+                tier=draw(tiers),
+                gpu_type=gpu_type,
+                replicas=tuple(reps),
+                start=start,
+                time_limit=draw(st.floats(60, 100_000)),
+                last_checkpoint=draw(st.none() | st.floats(start, NOW)),
+                terminating=draw(st.booleans()) and draw(st.booleans()),
+            )
+        )
+    return tuple(out)
+
+
+def pending_job(job_id: str, draw: st.DrawFn) -> PendingJob:
+    replicas, per = draw(shapes)
+    return PendingJob(
+        job_id=job_id,
+        team=draw(st.sampled_from(TEAMS)),
+        tier=draw(tiers),
+        replicas=replicas,
+        gpus_per_replica=per,
+        gpu_type=draw(st.sampled_from(["H100", "H100", "A100"])),
+        submit_time=draw(st.floats(0, NOW)),
+        time_limit=draw(st.floats(60, 100_000)),
+        priority=draw(st.integers(0, 2)),
+    )
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> Snapshot:
+    topo = draw(topologies())
+    busy = draw(running_jobs(topo, draw(st.integers(0, 12))))
+    waiting = tuple(pending_job(f"p{i}", draw) for i in range(draw(st.integers(0, 12))))
+    config = Config(
+        max_reservations=draw(st.integers(1, 2)),
+        backfill=draw(st.booleans()) or draw(st.booleans()),
+        preemption=draw(st.booleans()) or draw(st.booleans()),
+    )
+    return Snapshot(topo, busy, waiting, draw(quota_trees()), config)
