@@ -26,7 +26,9 @@ from nodeagent import journal as journal_mod
 from nodeagent.client import Backoff, PortalClient, PortalError, PortalUnreachable
 from nodeagent.config import (
     BACKOFF_INITIAL_S,
+    DEFAULT_GRACE_S,
     LOG_CHUNK_BYTES,
+    LOG_CHUNKS_PER_ROUND,
     LOG_SHIP_INTERVAL_S,
     MAX_GRACE_S,
     MAX_PENDING_XIDS,
@@ -99,6 +101,11 @@ def newest_mtime(root: Path) -> float | None:
             except OSError:
                 continue
     return newest
+
+
+def _grace(value: Any, *, default: float) -> float:
+    """The spec's grace period (0 is a valid one), capped so the liveness arithmetic holds."""
+    return min(default if value is None else max(0.0, float(value)), MAX_GRACE_S)
 
 
 def utf8_cut(raw: bytes) -> int:
@@ -376,10 +383,13 @@ class Agent:
             record = self.records.get(key)
             if spec.get("action") == "stop":
                 if record is not None and record.live:
-                    grace = min(float(spec.get("grace_s") or record.grace_s), MAX_GRACE_S)
+                    grace = _grace(spec.get("grace_s"), default=record.grace_s)
                     self._request_stop(record, cause="stop", grace_s=grace, reason=spec.get("stop_reason"))
             elif record is None:
-                self._launch(spec)
+                try:
+                    self._launch(spec)
+                except (KeyError, TypeError, ValueError) as exc:
+                    self.log.error("cannot start a malformed task spec (%r): %r", exc, spec)
         now = self.clock()
         for key, record in list(self.records.items()):
             if key in wanted:
@@ -436,7 +446,7 @@ class Agent:
             workdir=str(workdir),
             checkpoint_dir=str(self._checkpoint_dir(spec)),
             time_limit_s=float(time_limit) if time_limit else None,
-            grace_s=min(float(spec.get("grace_s") or 60.0), MAX_GRACE_S),
+            grace_s=_grace(spec.get("grace_s"), default=DEFAULT_GRACE_S),
             gpus=[int(i) for i in spec.get("gpus") or []],
         )
         command = str(spec.get("command") or "")
@@ -590,8 +600,13 @@ class Agent:
     def _ship_logs(self) -> None:
         for record in list(self.records.values()):
             if record.state != "launching" and not record.log_closed:
-                while self._ship_log_chunk(record):
-                    pass
+                self._ship_log_round(record)
+
+    def _ship_log_round(self, record: TaskRecord) -> None:
+        """A bounded number of chunks per task and turn: a chatty workload must not stall the loop."""
+        for _ in range(LOG_CHUNKS_PER_ROUND):
+            if not self._ship_log_chunk(record):
+                return
 
     def _ship_log_chunk(self, record: TaskRecord) -> bool:
         """Send the next chunk of the task's log; True if there may be more to send right now."""
@@ -603,7 +618,8 @@ class Agent:
                 raw = handle.read(LOG_CHUNK_BYTES)
         except OSError:
             raw = b""
-        if record.state != "exited":
+        at_final_end = record.state == "exited" and len(raw) < LOG_CHUNK_BYTES
+        if not at_final_end:
             raw = raw[: utf8_cut(raw)]  # the rest of a split character comes with the next chunk
         if not raw:
             if record.state == "exited":
@@ -622,7 +638,7 @@ class Agent:
             return False
         record.log_file_pos += len(raw)
         record.log_offset += len(data.encode("utf-8"))
-        return len(raw) == LOG_CHUNK_BYTES
+        return True
 
     def _flush_reports(self) -> None:
         for record in list(self.records.values()):
@@ -632,8 +648,8 @@ class Agent:
             if not record.running_reported and self._portal_ok(self.clock()):
                 self._report(record, exited=False)
             if record.state == "exited" and record.running_reported and self._portal_ok(self.clock()):
-                while not record.log_closed and self._ship_log_chunk(record):
-                    pass
+                if not record.log_closed:
+                    self._ship_log_round(record)
                 if record.log_closed:
                     self._report(record, exited=True)
 

@@ -34,6 +34,7 @@ TICK_S = 0.5
 LOG_CHUNK_BYTES = 64 * 1024
 # Logs go out in batches: one request per task every few seconds, not one per line.
 LOG_SHIP_INTERVAL_S = 2.0
+LOG_CHUNKS_PER_ROUND = 16
 # XID codes kept for the next heartbeat while the portal is unreachable, per GPU.
 MAX_PENDING_XIDS = 100
 DEFAULT_STATE_DIR = "/var/lib/yard-agent"
