@@ -291,3 +291,50 @@ def invariant_violations() -> list[str]:
     for alloc_id, job_id, state in stray.values_list("id", "job_id", "job__state"):
         problems.append(f"allocation {alloc_id} of job {job_id} ({state}) is live but its task or job is not")
     return problems
+
+
+# --------------------------------------------------------------------------- logs
+
+LOG_READ_MAX_BYTES = 1024 * 1024
+
+
+def task_log_read(*, task: Task, offset: int, max_bytes: int = LOG_READ_MAX_BYTES) -> tuple[str, int]:
+    """The task's log from byte ``offset`` (UTF-8 bytes of the agent's stream), at most ``max_bytes``; and the next offset.
+
+    Follow a log by calling again with the returned offset: it equals ``offset`` while nothing new came.
+    """
+    first = task.log_chunks.filter(offset__lte=offset).order_by("-offset").values_list("offset", flat=True).first()
+    chunks = task.log_chunks.filter(offset__gte=first if first is not None else offset).order_by("offset")
+    parts: list[bytes] = []
+    size = 0
+    position = offset
+    for chunk_offset, data in chunks.values_list("offset", "data").iterator(chunk_size=100):
+        raw = data.encode("utf-8")
+        if chunk_offset + len(raw) <= position:
+            continue
+        piece = raw[max(position - chunk_offset, 0) :]
+        if chunk_offset > position:  # a hole (a lost chunk): skip to what we have
+            position = chunk_offset
+        piece = piece[: max_bytes - size]
+        parts.append(piece)
+        size += len(piece)
+        position += len(piece)
+        if size >= max_bytes:
+            break
+    return b"".join(parts).decode("utf-8", errors="replace"), max(position, offset)
+
+
+def task_log_tail(*, task: Task, lines: int) -> tuple[str, int]:
+    """The last ``lines`` lines of the task's log, and the offset to follow on from."""
+    collected: list[str] = []
+    end = 0
+    newlines = 0
+    for chunk_offset, data in task.log_chunks.order_by("-offset").values_list("offset", "data").iterator(chunk_size=50):
+        end = max(end, chunk_offset + len(data.encode("utf-8")))
+        collected.append(data)
+        newlines += data.count("\n")
+        if newlines > lines or sum(len(c) for c in collected) > LOG_READ_MAX_BYTES:
+            break
+    text = "".join(reversed(collected))
+    kept = text.splitlines(keepends=True)[-lines:] if lines > 0 else []
+    return "".join(kept), end

@@ -1,3 +1,18 @@
-from django.urls import URLPattern, URLResolver
+"""REST API v1, mounted at /api/v1/ (portal/urls.py). Every operation is in the authorization matrix test."""
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from django.urls import URLPattern, URLResolver, path
+
+from scheduling.api import views
+
+app_name = "api"
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("jobs", views.JobListCreateView.as_view(), name="jobs"),
+    path("jobs/<int:pk>", views.JobDetailView.as_view(), name="job"),
+    path("jobs/<int:pk>/cancel", views.JobCancelView.as_view(), name="job-cancel"),
+    path("jobs/<int:pk>/logs", views.JobLogsView.as_view(), name="job-logs"),
+    path("notebooks", views.NotebookListCreateView.as_view(), name="notebooks"),
+    path("notebooks/<int:pk>", views.NotebookDetailView.as_view(), name="notebook"),
+    path("notebooks/<int:pk>/stop", views.NotebookStopView.as_view(), name="notebook-stop"),
+    path("teams/<int:pk>/quota", views.TeamQuotaView.as_view(), name="team-quota"),
+    path("me", views.MeView.as_view(), name="me"),
+]
