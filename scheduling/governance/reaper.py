@@ -27,9 +27,10 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import cast
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import QuerySet
@@ -59,7 +60,7 @@ class EffectivePolicy:
     @classmethod
     def default(cls) -> EffectivePolicy:
         return cls(
-            timeout_s=float(settings.YARD["IDLE_NOTEBOOK_TIMEOUT_S"]),
+            timeout_s=float(cast(float, settings.YARD["IDLE_NOTEBOOK_TIMEOUT_S"])),
             warn_lead_s=_DEFAULT.warn_lead_s,
             allow_extend=_DEFAULT.allow_extend,
             extend_s=_DEFAULT.extend_s,
@@ -117,7 +118,9 @@ def last_complete_window(now: datetime) -> datetime:
 
 def idle_seconds(*, job: Job, now: datetime, threshold_pct: float, cap_s: float) -> float:
     """Length of the run of idle minutes ending at the last complete minute, at most ``cap_s`` (rounded up to whole minutes)."""
-    allocations = list(Allocation.objects.filter(job=job, attempt=job.attempt, released_at__isnull=True).values_list("gpu_id", "allocated_at"))
+    allocations = list(
+        Allocation.objects.filter(job=job, attempt=job.attempt, released_at__isnull=True).values_list("gpu_id", "allocated_at")
+    )
     if not allocations:
         return 0.0
     gpu_ids = {gpu_id for gpu_id, _ in allocations}
@@ -158,7 +161,7 @@ class ReapReport:
     flagged: list[int] = field(default_factory=list)
 
 
-def _note(job: Job, reason: str, *, now: datetime, actor: AbstractBaseUser | None = None) -> None:
+def _note(job: Job, reason: str, *, now: datetime, actor: User | None = None) -> None:
     JobEvent.objects.create(
         job=job, time=now, attempt=job.attempt, from_state=job.state, to_state="", reason=reason,
         actor=actor, actor_label=actor.get_username() if actor is not None else REAPER_LABEL,
@@ -186,7 +189,9 @@ def _stop(job: Job, *, idle_s: float, now: datetime) -> bool:
 
 def _warn(job: Job, *, due_in_s: float, now: datetime) -> bool:
     with transaction.atomic():
-        if not Job.objects.filter(pk=job.pk, idle_warned_at__isnull=True, stop_requested_at__isnull=True).update(idle_warned_at=now):
+        if not Job.objects.filter(pk=job.pk, idle_warned_at__isnull=True, stop_requested_at__isnull=True).update(
+            idle_warned_at=now
+        ):
             return False
         minutes = max(math.ceil(due_in_s / 60), 0)
         _note(job, f"idle warning: its GPUs are unused; it will be stopped in about {minutes} min unless they are used", now=now)
@@ -216,9 +221,7 @@ def _check_notebook(job: Job, policy: EffectivePolicy, now: datetime, report: Re
 
 
 def _team_leads(team: OrgUnit) -> list[str]:
-    return sorted(
-        Membership.objects.filter(unit=team, role=Role.TEAM_LEAD).values_list("user__username", flat=True)
-    )
+    return sorted(Membership.objects.filter(unit=team, role=Role.TEAM_LEAD).values_list("user__username", flat=True))
 
 
 def _flag_batch(job: Job, *, idle_s: float, now: datetime) -> bool:
@@ -262,9 +265,10 @@ class IdleWarning:
     job: Job
     stop_at: datetime
     can_extend: bool
+    extend_minutes: int
 
 
-def idle_warnings_for(user: AbstractBaseUser) -> list[IdleWarning]:
+def idle_warnings_for(user: User) -> list[IdleWarning]:
     """The user's running notebooks that the reaper has warned about (for the banner on their pages)."""
     if not user.is_authenticated:
         return []
@@ -283,11 +287,12 @@ def idle_warnings_for(user: AbstractBaseUser) -> list[IdleWarning]:
         stop_at = job.idle_warned_at + timedelta(seconds=policy.warn_lead_s)
         if job.idle_extended_at is not None:
             stop_at = max(stop_at, job.idle_extended_at + timedelta(seconds=policy.extend_s))
-        warnings.append(IdleWarning(job, stop_at, policy.allow_extend and job.idle_extended_at is None))
+        can_extend = policy.allow_extend and job.idle_extended_at is None
+        warnings.append(IdleWarning(job, stop_at, can_extend, round(policy.extend_s / 60)))
     return warnings
 
 
-def notebook_extend_idle(*, job: Job, user: AbstractBaseUser, now: datetime) -> Job:
+def notebook_extend_idle(*, job: Job, user: User, now: datetime) -> Job:
     """The owner postpones the idle stop once, by the policy's ``extend_s``, if the policy allows it."""
     if job.user_id != user.pk:
         raise PermissionDenied("Only the notebook's owner can extend its idle timeout")

@@ -40,3 +40,27 @@ def telemetry(job: Job, *, start: datetime, minutes: int, utilization: float) ->
         for gpu_id in gpu_ids
         for i in range(minutes)
     )  # fmt: skip
+
+
+def attempt(
+    job: Job,
+    *,
+    node: Node,
+    number: int,
+    gpus: list[int],
+    start: datetime,
+    end: datetime | None,
+    borrowed: bool = False,
+    checkpoint_at: datetime | None = None,
+) -> Task:
+    """One attempt of ``job`` on GPUs ``gpus`` (indexes on ``node``) from ``start`` to ``end`` (None: still live)."""
+    task = Task.objects.create(
+        job=job, attempt=number, rank=0, node=node, started_at=start, ended_at=end, checkpoint_at=checkpoint_at,
+        state=TaskState.EXITED if end else TaskState.RUNNING,
+    )  # fmt: skip
+    for index in gpus:
+        Allocation.objects.create(
+            gpu=Gpu.objects.get(node=node, index=index), task=task, job=job, attempt=number, allocated_at=start,
+            released_at=end, borrowed=borrowed,
+        )  # fmt: skip
+    return task

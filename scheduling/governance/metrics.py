@@ -1,0 +1,168 @@
+"""Prometheus metrics, computed from the database on every scrape.
+
+A custom collector on a private CollectorRegistry, not process-global counters: with many web
+processes each would count only its own events, while the database holds the truth for all of
+them. Counters ("_total") are counts of durable rows (JobEvents, reaped jobs), so they only grow
+and survive restarts. Names and labels follow Prometheus conventions (base units: seconds,
+bytes, ratios 0..1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+
+from django.core.cache import cache
+from django.db.models import Count, Q
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from scheduling.models import Allocation, Gpu, Job, JobEvent, JobKind, Node, SchedulerLease
+from scheduling.states import JobState
+from tenants.models import OrgUnit, Quota, UnitKind
+
+CYCLE_CACHE_KEY = "yard:last_cycle_s"  # seconds of the newest scheduling cycle, if the cycle records it
+QUEUE_WAIT_WINDOW = timedelta(hours=1)  # the histogram covers jobs that started in the last hour
+QUEUE_WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400)
+MIB = 1024 * 1024
+
+
+def _gpu_metrics() -> Iterator[Metric]:
+    util = GaugeMetricFamily(
+        "yard_gpu_utilization_ratio", "GPU utilisation reported by the node agent (0..1)", labels=["node", "gpu", "gpu_type"]
+    )
+    used = GaugeMetricFamily("yard_gpu_memory_used_bytes", "GPU memory in use", labels=["node", "gpu", "gpu_type"])
+    total = GaugeMetricFamily("yard_gpu_memory_total_bytes", "GPU memory size", labels=["node", "gpu", "gpu_type"])
+    allocated = GaugeMetricFamily(
+        "yard_gpu_allocated", "1 if a live allocation holds the GPU", labels=["node", "gpu", "gpu_type"]
+    )
+    live = set(Allocation.objects.filter(released_at__isnull=True).values_list("gpu_id", flat=True))
+    for gpu in Gpu.objects.select_related("node").order_by("node__name", "index"):
+        labels = [gpu.node.name, str(gpu.index), gpu.gpu_type]
+        if gpu.utilization_pct is not None:
+            util.add_metric(labels, gpu.utilization_pct / 100)
+        if gpu.memory_used_mb is not None:
+            used.add_metric(labels, gpu.memory_used_mb * MIB)
+        total.add_metric(labels, gpu.memory_mb * MIB)
+        allocated.add_metric(labels, 1.0 if gpu.pk in live else 0.0)
+    yield from (util, used, total, allocated)
+
+
+def _node_metrics() -> Iterator[Metric]:
+    nodes = GaugeMetricFamily("yard_nodes", "Nodes by state", labels=["state"])
+    counts = dict(Node.objects.values_list("state").annotate(n=Count("id")))
+    for state in ("READY", "NOT_READY", "DRAINING", "DOWN"):
+        nodes.add_metric([state], counts.get(state, 0))
+    yield nodes
+
+
+def _job_metrics(now: datetime) -> Iterator[Metric]:
+    jobs = GaugeMetricFamily("yard_jobs", "Jobs by state and tier", labels=["state", "tier"])
+    counts = {(s, t): n for s, t, n in Job.objects.values_list("state", "tier").annotate(n=Count("id"))}
+    for state in JobState.values:
+        for tier in (1, 2, 3):
+            jobs.add_metric([state, str(tier)], counts.get((state, tier), 0))
+    yield jobs
+
+    # Queue wait of the jobs that started within the window: PENDING time of their newest attempt,
+    # from the event that made them PENDING (submission or requeue) to the start of the attempt.
+    waits: list[float] = []
+    recent = Job.objects.filter(started_at__gte=now - QUEUE_WAIT_WINDOW).values_list(
+        "pk", "attempt", "submitted_at", "started_at"
+    )
+    recent_list = list(recent)
+    queued_at = {
+        (job_id, attempt): time
+        for job_id, attempt, time in JobEvent.objects.filter(
+            job_id__in=[r[0] for r in recent_list], to_state=JobState.PENDING
+        ).values_list("job_id", "attempt", "time")
+    }
+    for job_id, attempt, submitted_at, started_at in recent_list:
+        if started_at is None:  # filtered out above; says so to the type checker
+            continue
+        since = queued_at.get((job_id, attempt), submitted_at)
+        waits.append(max((started_at - since).total_seconds(), 0.0))
+    buckets = [(str(float(b)), sum(1 for w in waits if w <= b)) for b in QUEUE_WAIT_BUCKETS]
+    buckets.append(("+Inf", len(waits)))
+    yield HistogramMetricFamily(
+        "yard_queue_wait_seconds",
+        f"PENDING time of jobs that started in the last {int(QUEUE_WAIT_WINDOW.total_seconds())} s",
+        buckets=buckets,
+        sum_value=sum(waits),
+    )
+
+    preemptions = CounterMetricFamily("yard_preemptions", "Preemption orders (jobs sent to PREEMPTING)", labels=["tier"])
+    by_tier = dict(JobEvent.objects.filter(to_state=JobState.PREEMPTING).values_list("job__tier").annotate(n=Count("id")))
+    for tier in (1, 2, 3):
+        preemptions.add_metric([str(tier)], by_tier.get(tier, 0))
+    yield preemptions
+
+    reaped = CounterMetricFamily("yard_notebooks_reaped", "Notebooks stopped by the idle reaper")
+    reaped.add_metric([], Job.objects.filter(kind=JobKind.NOTEBOOK, stop_reason="IDLE_TIMEOUT").count())
+    yield reaped
+
+
+def _cycle_metrics() -> Iterator[Metric]:
+    seconds = cache.get(CYCLE_CACHE_KEY)
+    if seconds is not None:
+        gauge = GaugeMetricFamily("yard_scheduler_cycle_duration_seconds", "Duration of the newest scheduling cycle")
+        gauge.add_metric([], float(seconds))
+        yield gauge
+    epoch = SchedulerLease.objects.filter(name="cycle").values_list("epoch", flat=True).first()
+    cycles = CounterMetricFamily("yard_scheduler_cycles", "Scheduling cycles run (the cycle lease's epoch)")
+    cycles.add_metric([], epoch or 0)
+    yield cycles
+
+
+def _quota_metrics() -> Iterator[Metric]:
+    labels = ["team", "gpu_type"]
+    guaranteed = GaugeMetricFamily("yard_quota_guaranteed_gpus", "Guaranteed GPUs of each team", labels=labels)
+    limit = GaugeMetricFamily("yard_quota_limit_gpus", "Most GPUs a team may hold, borrowing included", labels=labels)
+    used = GaugeMetricFamily("yard_quota_used_gpus", "GPUs a team holds now (live allocations)", labels=labels)
+    borrowed = GaugeMetricFamily("yard_quota_borrowed_gpus", "GPUs a team holds beyond its guarantee", labels=labels)
+    teams = {u.pk: u.slug for u in OrgUnit.objects.filter(kind=UnitKind.TEAM)}
+    held = {
+        (team_id, gpu_type): (n, b)
+        for team_id, gpu_type, n, b in Allocation.objects.filter(released_at__isnull=True)
+        .values_list("job__team_id", "gpu__gpu_type")
+        .annotate(n=Count("id"), b=Count("id", filter=Q(borrowed=True)))
+    }
+    quotas = {(q.unit_id, q.gpu_type): q for q in Quota.objects.filter(unit_id__in=teams)}
+    for key in sorted(set(quotas) | set(held)):
+        team_id, gpu_type = key
+        if team_id not in teams:
+            continue
+        row = [teams[team_id], gpu_type]
+        quota = quotas.get(key)
+        guaranteed.add_metric(row, quota.guaranteed if quota else 0)
+        if quota is not None and quota.limit is not None:
+            limit.add_metric(row, quota.limit)
+        n, b = held.get(key, (0, 0))
+        used.add_metric(row, n)
+        borrowed.add_metric(row, b)
+    yield from (guaranteed, limit, used, borrowed)
+
+
+class YardCollector(Collector):
+    def __init__(self, now: datetime) -> None:
+        self.now = now
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _gpu_metrics()
+        yield from _node_metrics()
+        yield from _job_metrics(self.now)
+        yield from _cycle_metrics()
+        yield from _quota_metrics()
+
+
+def render_metrics(*, now: datetime) -> bytes:
+    """The Prometheus text exposition of the cluster at ``now``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(YardCollector(now))
+    return generate_latest(registry)

@@ -1,0 +1,213 @@
+"""Governance pages and endpoints: the monthly report (page, CSVs, API), idle extension, /metrics."""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+from prometheus_client import CONTENT_TYPE_LATEST
+from rest_framework import status
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from scheduling.governance.accounting import Month, month_of, parse_month
+from scheduling.governance.metrics import render_metrics
+from scheduling.governance.reaper import notebook_extend_idle
+from scheduling.governance.reports import (
+    JOB_COLUMNS,
+    UNIT_COLUMNS,
+    Report,
+    build_report,
+    daily_usage_svg,
+    job_rows,
+    to_csv,
+    top_units,
+    unit_rows,
+    used_vs_guaranteed_svg,
+)
+from scheduling.selectors import access_job
+from tenants.authentication import ApiTokenAuthentication
+from tenants.models import OrgUnit
+from tenants.selectors import access_unit, is_cluster_admin, units_visible
+
+# --------------------------------------------------------------------------- the report's inputs
+
+
+class BadReportRequest(Exception):
+    pass
+
+
+def _report_for(user: Any, params: Any) -> Report:
+    """Parse ``month`` and ``unit`` and build the report the user may see (404 for a unit they may not)."""
+    now = timezone.now()
+    month_text = params.get("month") or ""
+    try:
+        month: Month = parse_month(month_text) if month_text else month_of(now)
+    except ValueError as exc:
+        raise BadReportRequest(str(exc)) from None
+    unit_text = params.get("unit") or ""
+    tops: Sequence[OrgUnit]
+    if unit_text:
+        if not unit_text.isdigit():
+            raise BadReportRequest(f"unit must be a unit id (a number), not {unit_text!r}")
+        tops = [access_unit(user=user, pk=unit_text)]
+    else:
+        tops = top_units(units_visible(user=user))
+    return build_report(month=month, tops=tops, now=now)
+
+
+def _csv_response(body: str, filename: str) -> HttpResponse:
+    response = HttpResponse(body, content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+def _scope(report: Report) -> str:
+    return "-".join(t.unit.slug for t in report.tops) if len(report.tops) == 1 else "visible"
+
+
+# --------------------------------------------------------------------------- pages
+
+
+@login_required
+@require_GET
+def report_page(request: HttpRequest) -> HttpResponse:
+    try:
+        report = _report_for(request.user, request.GET)
+    except BadReportRequest as exc:
+        return render(request, "governance/report.html", {"error": str(exc)}, status=400)
+    visible = units_visible(user=request.user).order_by("path")
+    return render(
+        request,
+        "governance/report.html",
+        {
+            "report": report,
+            "nodes": report.nodes(),
+            "units": visible,
+            "selected_unit": request.GET.get("unit", ""),
+            "daily_svg": daily_usage_svg(report),
+            "guarantee_svg": used_vs_guaranteed_svg(report),
+            "is_admin": is_cluster_admin(request.user),
+            "query": request.GET.urlencode(),
+            "time_zone": timezone.get_default_timezone_name(),
+        },
+    )
+
+
+@login_required
+@require_GET
+def report_units_csv(request: HttpRequest) -> HttpResponse:
+    try:
+        report = _report_for(request.user, request.GET)
+    except BadReportRequest as exc:
+        return HttpResponse(str(exc), status=400, content_type="text/plain")
+    return _csv_response(to_csv(unit_rows(report), UNIT_COLUMNS), f"usage-{_scope(report)}-{report.month.label}.csv")
+
+
+@login_required
+@require_GET
+def report_jobs_csv(request: HttpRequest) -> HttpResponse:
+    try:
+        report = _report_for(request.user, request.GET)
+    except BadReportRequest as exc:
+        return HttpResponse(str(exc), status=400, content_type="text/plain")
+    return _csv_response(to_csv(job_rows(report), JOB_COLUMNS), f"jobs-{_scope(report)}-{report.month.label}.csv")
+
+
+@login_required
+@require_POST
+def notebook_extend_idle_view(request: HttpRequest, pk: int) -> HttpResponse:
+    job = access_job(user=request.user, pk=pk)
+    if job.user_id != request.user.pk:
+        # Visible but not theirs (a teammate's notebook): the extension is the owner's call alone.
+        raise PermissionDenied("Only the notebook's owner can extend its idle timeout")
+    try:
+        notebook_extend_idle(job=job, user=request.user, now=timezone.now())
+        messages.success(request, f"{job.name}: idle timeout extended")
+    except ValidationError as exc:
+        messages.error(request, " ".join(exc.messages))
+    target = request.POST.get("next", "")
+    return redirect(target if target.startswith("/") and not target.startswith("//") else "dashboard")
+
+
+# --------------------------------------------------------------------------- API
+
+
+class CSVRenderer(BaseRenderer):
+    media_type = "text/csv"
+    format = "csv"
+    charset = "utf-8"
+
+    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
+        if isinstance(data, dict) and "rows" in data:
+            return to_csv(data["rows"], UNIT_COLUMNS).encode()
+        detail = data.get("detail", "") if isinstance(data, dict) else str(data)
+        return to_csv([{"detail": str(detail)}], ["detail"]).encode()
+
+
+class UsageReportAPI(APIView):
+    """GET /api/v1/reports/usage?month=YYYY-MM&unit=<id>: the report's rows, as JSON or CSV (?format=csv or Accept: text/csv)."""
+
+    authentication_classes = [ApiTokenAuthentication, SessionAuthentication]
+    permission_classes = [IsAuthenticated]
+    renderer_classes = [JSONRenderer, CSVRenderer]
+
+    def get(self, request: Request) -> Response:
+        try:
+            report = _report_for(request.user, request.query_params)
+        except BadReportRequest as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_400_BAD_REQUEST)
+        except Http404:
+            return Response({"detail": "No such unit"}, status=status.HTTP_404_NOT_FOUND)
+        total = report.total
+        return Response(
+            {
+                "month": report.month.label,
+                "time_zone": timezone.get_default_timezone_name(),
+                "hours_in_month": report.month.hours,
+                "units": [t.unit.pk for t in report.tops],
+                "totals": {
+                    "guaranteed_gpu_hours": round(report.guaranteed_gpu_hours, 4),
+                    "used_gpu_hours": round(total.used_gpu_hours, 4),
+                    "borrowed_gpu_hours": round(total.borrowed_gpu_hours, 4),
+                },
+                "rows": unit_rows(report),
+            }
+        )
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+def _metrics_allowed(request: HttpRequest) -> bool:
+    user = request.user
+    if user.is_authenticated and (user.is_staff or is_cluster_admin(user)):
+        return True
+    # Read at request time, from the environment alone (not settings), so a token can be rotated
+    # by restarting with a new YARD_METRICS_TOKEN; an empty one allows no bearer access.
+    token = os.environ.get("YARD_METRICS_TOKEN", "")
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    return bool(token) and scheme == "Bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    if not _metrics_allowed(request):
+        response = HttpResponse("metrics need a staff session or the bearer token YARD_METRICS_TOKEN\n", status=401)
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    return HttpResponse(render_metrics(now=timezone.now()), content_type=CONTENT_TYPE_LATEST)
