@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from scheduling.core import reasons
-from scheduling.core.index import FreeState, topo_index
+from scheduling.core.index import topo_index
 from scheduling.core.plan import plan
 from scheduling.core.types import Locality, PendingJob, Placement, Snapshot, Tier, Verdict
 
@@ -42,7 +42,7 @@ def _never(snapshot: Snapshot, job: PendingJob) -> str | None:
     if job.replicas <= 0 or job.gpus_per_replica <= 0:
         return "a job needs at least one replica of at least one GPU"
     ix = topo_index(snapshot.topology)
-    shape = reasons.never(FreeState(ix, set()), job.gpu_type, job.replicas, job.gpus_per_replica)
+    shape = reasons.never(ix, job.gpu_type, job.replicas, job.gpus_per_replica)
     if shape is not None:
         return shape
     units = {u.name: u for u in snapshot.quotas}

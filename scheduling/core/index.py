@@ -13,6 +13,7 @@ lookups instead of a scan of the cluster.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from scheduling.core.types import Topology
@@ -137,23 +138,24 @@ class FreeState:
 
     __slots__ = ("buckets", "dfree", "free", "ix", "leaf_hist", "leaf_tfree", "spine_tfree", "type_free")
 
-    def __init__(self, ix: TopoIndex, busy: set[tuple[int, int]] | None = None) -> None:
+    def __init__(self, ix: TopoIndex, busy: Iterable[tuple[int, int]] | None = None) -> None:
         self.ix = ix
         if busy is None:
             return
-        self.free: list[list[bool]] = []
-        for ni, node in enumerate(ix.nodes):
-            if node.schedulable:
-                self.free.append([(ni, p) not in busy for p in range(len(node.gpu_ids))])
-            else:
-                self.free.append([False] * len(node.gpu_ids))
-        self.dfree: list[list[int]] = []
-        for level in LEVELS:
-            counts = []
-            for d, positions in enumerate(ix.dom_pos[level]):
-                row = self.free[ix.dom_node[level][d]]
-                counts.append(sum(1 for p in positions if row[p]))
-            self.dfree.append(counts)
+        self.free: list[list[bool]] = [[n.schedulable] * len(n.gpu_ids) for n in ix.nodes]
+        self.dfree: list[list[int]] = [
+            [len(pos) if ix.nodes[ni].schedulable else 0 for ni, pos in zip(ix.dom_node[level], ix.dom_pos[level], strict=True)]
+            for level in LEVELS
+        ]
+        nodes = ix.nodes
+        for ni, p in busy:
+            row = self.free[ni]
+            if row[p]:
+                row[p] = False
+                doms = nodes[ni].doms
+                self.dfree[NVLINK][doms[NVLINK][p]] -= 1
+                self.dfree[PCIE][doms[PCIE][p]] -= 1
+                self.dfree[NODE][ni] -= 1
         # (gpu type, level, k) -> heap of domain indexes with k free; stale entries are
         # dropped lazily when they reach the top (an entry is valid if dfree still equals k).
         self.buckets: dict[tuple[str, int, int], list[int]] = {}

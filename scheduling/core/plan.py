@@ -9,7 +9,7 @@ from scheduling.core.backfill import Release, earliest_fit
 from scheduling.core.fairshare import team_order
 from scheduling.core.index import FreeState, TopoIndex, topo_index
 from scheduling.core.placement import Fit, find, take_fit
-from scheduling.core.preemption import Candidate, candidates, find_reclaim
+from scheduling.core.preemption import Reclaimer
 from scheduling.core.quota import QuotaState, borrowed_running
 from scheduling.core.types import (
     PendingJob,
@@ -39,7 +39,7 @@ def plan(snapshot: Snapshot, *, now: float) -> Plan:
       Tier 1 only within its team's guarantee. ``Placement.borrowed`` marks what runs
       beyond the team's guarantee.
     - A Tier 1 job, or a Tier 2 job within its team's guarantee, that does not fit may
-      preempt (``preemption.find_reclaim``); it then holds a reservation on the GPUs it
+      preempt (``preemption.Reclaimer``); it then holds a reservation on the GPUs it
       freed, which nobody else gets in this plan. Tier 1 and terminating jobs, and jobs
       younger than ``Config.min_runtime_s``, are never victims.
     - The first jobs in order that cannot start (up to ``Config.max_reservations``) get a
@@ -72,8 +72,10 @@ class _Planner:
         self.cfg = snapshot.config
         self.ix: TopoIndex = topo_index(snapshot.topology)
         self.running = tuple(sorted(snapshot.running, key=lambda j: j.job_id))
-        busy = {self.ix.gpu_loc[g] for j in self.running for r in j.replicas for g in r if g in self.ix.gpu_loc}
-        self.st = FreeState(self.ix, busy)
+        gpu_loc = self.ix.gpu_loc
+        # Each running job's GPUs as (node index, position), computed once for every use below.
+        self.locs = {j.job_id: tuple(gpu_loc[g] for r in j.replicas for g in r if g in gpu_loc) for j in self.running}
+        self.st = FreeState(self.ix, (loc for locs in self.locs.values() for loc in locs))
         self.quota = QuotaState(snapshot.quotas, self.running)
         self.borrowed = borrowed_running(snapshot.quotas, self.running)
         self.placements: list[Placement] = []
@@ -85,7 +87,7 @@ class _Planner:
         self.held: list[_Held] = []  # backfill reservations
         self.reserved: set[Loc] = set()  # GPUs of every reservation (backfill and reclaim)
         self.victims: set[str] = set()
-        self._cands: dict[str, list[Candidate]] | None = None
+        self._reclaimer: Reclaimer | None = None
         # Free GPUs only shrink while planning, so a shape that failed keeps failing:
         # (type, per replica) -> the fewest replicas known not to fit.
         self._fails: dict[tuple[str, int], int] = {}
@@ -118,7 +120,7 @@ class _Planner:
 
     def _one(self, job: PendingJob) -> None:
         t, r, g = job.gpu_type, job.replicas, job.gpus_per_replica
-        impossible = reasons.never(self.st, t, r, g) if r > 0 and g > 0 else "asks for no GPUs"
+        impossible = reasons.never(self.ix, t, r, g) if r > 0 and g > 0 else "asks for no GPUs"
         if impossible is not None:
             self.reasons[job.job_id] = f"can never run: {impossible}"
             return
@@ -197,9 +199,10 @@ class _Planner:
         key = (job.tier, job.team, job.gpu_type, job.replicas, job.gpus_per_replica)
         if key in self._reclaim_fails:
             return False
-        if self._cands is None:
-            self._cands = candidates(self.ix, self.running, self.borrowed, self.cfg, self.now)
-        found = find_reclaim(self.st, job, self._cands.get(job.gpu_type, []), self.victims, self.reserved)
+        if self._reclaimer is None:
+            self._reclaimer = Reclaimer(self.ix, self.running, self.locs, self.borrowed, self.cfg, self.now)
+            self._reclaimer.claim((), set(self.reserved))
+        found = self._reclaimer.find(self.st, job)
         if found is None:
             self._reclaim_fails.add(key)
             return False
@@ -214,6 +217,7 @@ class _Planner:
                 Preemption(job_id=victim.job_id, reason=why, grace_s=self.cfg.grace_period_s, for_job=job.job_id)
             )
         self.victims.update(j.job_id for j in found.waits_on)
+        self._reclaimer.claim(found.waits_on, set())
         self._hold(found.fit)
         self.quota.add(job.team, job.gpu_type, job.gpu_count)
         self.reservations.append(Reservation(job.job_id, found.fit.domain, start, found.fit.gpu_ids(self.ix)))
@@ -235,6 +239,8 @@ class _Planner:
         """Take a reservation's GPUs out of the pool; return those that were free."""
         locs = {(ni, p) for ni, positions in fit.replicas for p in positions}
         self.reserved |= locs
+        if self._reclaimer is not None:
+            self._reclaimer.claim((), locs)
         free_now = {loc for loc in locs if self.st.free[loc[0]][loc[1]]}
         for ni, p in sorted(free_now):
             self.st.take(ni, (p,))
@@ -249,8 +255,7 @@ class _Planner:
             end = j.start + j.time_limit
             if j.terminating or j.job_id in self.victims:
                 end = min(end, grace_end)
-            locs = tuple(self.ix.gpu_loc[g] for r in j.replicas for g in r if g in self.ix.gpu_loc)
-            out.append(Release(max(end, self.now), j.job_id, locs))
+            out.append(Release(max(end, self.now), j.job_id, self.locs[j.job_id]))
         for job, fit in self.placed_fits:
             locs = tuple((ni, p) for ni, positions in fit.replicas for p in positions)
             out.append(Release(self.now + job.time_limit, job.job_id, locs))

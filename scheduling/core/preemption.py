@@ -9,6 +9,7 @@ room *together*, in one domain, not GPUs scattered over the cluster.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -35,7 +36,11 @@ class Candidate:
 
 
 def candidates(
-    ix: TopoIndex, running: tuple[RunningJob, ...], borrowed: Mapping[str, bool], config: Config, now: float
+    running: tuple[RunningJob, ...],
+    locs: Mapping[str, tuple[Loc, ...]],
+    borrowed: Mapping[str, bool],
+    config: Config,
+    now: float,
 ) -> dict[str, list[Candidate]]:
     """Per GPU type, every running job that some preemptor could take, in preference order."""
     out: dict[str, list[Candidate]] = {}
@@ -50,8 +55,7 @@ def candidates(
             cls = RESEARCH_BORROWED if borrowed.get(job.job_id) else RESEARCH
         since = max(job.start, job.last_checkpoint if job.last_checkpoint is not None else job.start)
         work_lost = max(now - since, 0.0) * job.gpu_count
-        locs = tuple(ix.gpu_loc[g] for r in job.replicas for g in r if g in ix.gpu_loc)
-        out.setdefault(job.gpu_type, []).append(Candidate(job, cls, work_lost, locs))
+        out.setdefault(job.gpu_type, []).append(Candidate(job, cls, work_lost, locs[job.job_id]))
     for cands in out.values():
         cands.sort(key=lambda c: c.key)
     return out
@@ -73,104 +77,175 @@ class Reclaim:
     waits_on: tuple[RunningJob, ...]  # every job whose GPUs the fit uses, terminating ones included
 
 
-def find_reclaim(
-    st: FreeState,
-    job: PendingJob,
-    cands: list[Candidate],
-    taken: set[str],
-    reserved: set[Loc],
-) -> Reclaim | None:
-    """The cheapest topology-valid placement for ``job`` after preempting some of ``cands``."""
-    usable = [c for c in cands if c.job.job_id not in taken and may_take(job, c)]
-    need = job.gpu_count
-    freeable = sum(1 for c in usable for loc in c.locs if loc not in reserved)
-    if not usable or st.type_free.get(job.gpu_type, 0) + freeable < need:
+Cost = tuple[int, int, float, int]  # worst victim class, victims, work lost, node index
+
+
+class Reclaimer:
+    """Victim search for one plan. Per node, the cheapest victims for a given need are cached
+    and recomputed only when that node changes, so many preemptors per plan stay cheap."""
+
+    def __init__(
+        self,
+        ix: TopoIndex,
+        running: tuple[RunningJob, ...],
+        locs: Mapping[str, tuple[Loc, ...]],
+        borrowed: Mapping[str, bool],
+        config: Config,
+        now: float,
+    ) -> None:
+        self.ix = ix
+        self.locs = locs
+        self.by_type = candidates(running, locs, borrowed, config, now)
+        self.on_node: dict[int, list[tuple[Candidate, int]]] = {}
+        self.gpus_of_type: dict[str, int] = {}
+        for gpu_type, cands in self.by_type.items():
+            self.gpus_of_type[gpu_type] = sum(len(c.locs) for c in cands)
+            for c in cands:  # preference order is kept per node
+                counts: dict[int, int] = {}
+                for ni, _ in c.locs:
+                    counts[ni] = counts.get(ni, 0) + 1
+                for ni, k in counts.items():
+                    self.on_node.setdefault(ni, []).append((c, k))
+        self.taken: set[str] = set()  # victims (and awaited terminating jobs) already spoken for
+        self.reserved: set[Loc] = set()
+        self.reserved_nodes: set[int] = set()
+        self.version = [0] * len(ix.nodes)
+        self._heaps: dict[tuple[str, int, str], list[tuple[Cost, int, int]]] = {}
+        self._nodes_of_type: dict[str, list[int]] = {}
+
+    def claim(self, jobs: tuple[RunningJob, ...], locs: set[Loc]) -> None:
+        """Victims and GPUs now promised to a preemptor or a reservation: not offered again."""
+        self.taken.update(j.job_id for j in jobs)
+        self.reserved |= locs
+        nodes = {ni for ni, _ in locs}
+        self.reserved_nodes |= nodes
+        for j in jobs:
+            nodes.update(ni for ni, _ in self.locs.get(j.job_id, ()))
+        for ni in nodes:
+            self.version[ni] += 1
+
+    def find(self, st: FreeState, job: PendingJob) -> Reclaim | None:
+        """The cheapest topology-valid placement for ``job`` after preempting some running jobs."""
+        need = job.gpu_count
+        if st.type_free.get(job.gpu_type, 0) + self.gpus_of_type.get(job.gpu_type, 0) < need:
+            return None
+        if need <= self.ix.type_max_node.get(job.gpu_type, 0):
+            found = self._one_node(st, job)
+            if found is not None:
+                return found
+        usable = [c for c in self.by_type.get(job.gpu_type, []) if c.job.job_id not in self.taken and may_take(job, c)]
+        return self._prefix(st, job, usable) if usable else None
+
+    def _trial(self, st: FreeState, job: PendingJob, chosen: list[Candidate]) -> Reclaim | None:
+        """Search with the victims' GPUs freed, on the live state, then put them back."""
+        given = sorted({loc for c in chosen for loc in c.locs if loc not in self.reserved and not st.free[loc[0]][loc[1]]})
+        for ni, p in given:
+            st.give(ni, (p,))
+        fit = find(st, job.gpu_type, job.replicas, job.gpus_per_replica)
+        for ni, p in given:
+            st.take(ni, (p,))
+        if fit is None:
+            return None
+        used = {(ni, p) for ni, positions in fit.replicas for p in positions}
+        waits_on = tuple(c.job for c in chosen if any(loc in used for loc in c.locs))
+        victims = tuple(j for j in waits_on if not j.terminating)
+        return Reclaim(fit, victims, waits_on)
+
+    def _one_node(self, st: FreeState, job: PendingJob) -> Reclaim | None:
+        """A gang that fits in one node: the node where the cheapest victims make room.
+
+        Cost of a node: (worst victim class, number of victims, work lost), so one spot job on
+        one node beats two on another, and any number of spot jobs beats one Tier 2 job. Spot
+        victims, which every preemptor may take, are searched first; only when no node can be
+        freed with them are the preemptor's other possible victims considered.
+        """
+        chosen = self._best_node(st, job, "spot")
+        if chosen is None:
+            chosen = self._best_node(st, job, "tier-1" if job.tier == Tier.PRODUCTION else f"team:{job.team}")
+        return self._trial(st, job, chosen) if chosen is not None else None
+
+    def _best_node(self, st: FreeState, job: PendingJob, kind: str) -> list[Candidate] | None:
+        # A lazy heap of nodes by cost, per (type, need, kind). Costs only grow during a plan
+        # (free GPUs shrink, victims and GPUs get claimed), so a stale entry is a lower bound:
+        # recompute it when it reaches the top, and a fresh top is the cheapest node.
+        need = job.gpu_count
+        dfree = st.dfree[NODE]
+        key = (job.gpu_type, need, kind)
+        heap = self._heaps.get(key)
+        if heap is None:
+            heap = []
+            for ni in self._nodes(job.gpu_type):
+                if len(self.ix.nodes[ni].gpu_ids) >= need:
+                    cost, _ = self._node_cost(ni, dfree[ni], need, job, kind)
+                    if cost is not None:
+                        heap.append((cost, self.version[ni], dfree[ni]))
+            heapq.heapify(heap)
+            self._heaps[key] = heap
+        while heap:
+            cost, version, free = heap[0]
+            ni = cost[3]
+            fresh_cost, chosen = self._node_cost(ni, dfree[ni], need, job, kind)
+            if version == self.version[ni] and free == dfree[ni]:
+                return chosen
+            heapq.heappop(heap)
+            if fresh_cost is not None:
+                heapq.heappush(heap, (fresh_cost, self.version[ni], dfree[ni]))
         return None
-    if need <= st.ix.type_max_node.get(job.gpu_type, 0):
-        found = _one_node(st, job, usable, reserved)
-        if found is not None:
-            return found
-    return _prefix(st, job, usable, reserved)
 
+    def _nodes(self, gpu_type: str) -> list[int]:
+        if gpu_type not in self._nodes_of_type:
+            self._nodes_of_type[gpu_type] = [
+                ni for ni, n in enumerate(self.ix.nodes) if n.schedulable and n.gpu_type == gpu_type and ni in self.on_node
+            ]
+        return self._nodes_of_type[gpu_type]
 
-def _outcome(hypo: FreeState, job: PendingJob, usable: list[Candidate]) -> Reclaim | None:
-    fit = find(hypo, job.gpu_type, job.replicas, job.gpus_per_replica)
-    if fit is None:
-        return None
-    used = {(ni, p) for ni, positions in fit.replicas for p in positions}
-    waits_on = tuple(c.job for c in usable if any(loc in used for loc in c.locs))
-    victims = tuple(j for j in waits_on if not j.terminating)
-    return Reclaim(fit, victims, waits_on)
-
-
-def _one_node(st: FreeState, job: PendingJob, usable: list[Candidate], reserved: set[Loc]) -> Reclaim | None:
-    """A gang that fits in one node: the node where the cheapest victims make room.
-
-    Cost of a node: (worst victim class, number of victims, work lost), so one spot job on
-    one node beats two on another, and any number of spot jobs beats one Tier 2 job.
-    """
-    ix = st.ix
-    need = job.gpu_count
-    on_node: dict[int, list[tuple[Candidate, int]]] = {}
-    for c in usable:
-        counts: dict[int, int] = {}
-        for loc in c.locs:
-            if loc not in reserved:
-                counts[loc[0]] = counts.get(loc[0], 0) + 1
-        for ni, k in counts.items():
-            on_node.setdefault(ni, []).append((c, k))
-    best: tuple[tuple[int, int, float, int], list[Candidate]] | None = None
-    for ni, victims in on_node.items():
-        node = ix.nodes[ni]
-        if not node.schedulable or node.gpu_type != job.gpu_type or len(node.gpu_ids) < need:
-            continue
-        free = st.dfree[NODE][ni]
+    def _node_cost(self, ni: int, free: int, need: int, job: PendingJob, kind: str) -> tuple[Cost | None, list[Candidate]]:
         chosen: list[Candidate] = []
         worst, count, lost = TERMINATING, 0, 0.0
-        for c, k in victims:  # already in preference order
+        for c, k in self.on_node[ni]:
             if free >= need:
                 break
+            if c.job.job_id in self.taken or (c.cls > SPOT if kind == "spot" else not may_take(job, c)):
+                continue
+            if ni in self.reserved_nodes:
+                k = sum(1 for loc in c.locs if loc[0] == ni and loc not in self.reserved)
             free += k
             chosen.append(c)
             if c.cls != TERMINATING:
                 worst, count, lost = max(worst, c.cls), count + 1, lost + c.work_lost
         if free < need:
-            continue
-        cost = (worst, count, lost, ni)
-        if best is None or cost < best[0]:
-            best = (cost, chosen)
-    if best is None:
-        return None
-    hypo = st.clone()
-    for c in best[1]:
-        for ni, p in c.locs:
-            if (ni, p) not in reserved:
-                hypo.give(ni, (p,))
-    return _outcome(hypo, job, best[1])
+            return None, []
+        return (worst, count, lost, ni), chosen
 
-
-def _prefix(st: FreeState, job: PendingJob, usable: list[Candidate], reserved: set[Loc]) -> Reclaim | None:
-    """Free victims in preference order until the gang fits somewhere; keep those the fit uses."""
-    need = job.gpu_count
-    hypo = st.clone()
-    checks = 0
-    step = 1
-    since_check = 0
-    for i, cand in enumerate(usable):
-        mine = [loc for loc in cand.locs if loc not in reserved]
-        for ni, p in mine:
-            hypo.give(ni, (p,))
-        since_check += 1
-        last_of_class = i + 1 == len(usable) or usable[i + 1].cls != cand.cls
-        if hypo.type_free.get(job.gpu_type, 0) < need or (since_check < step and not last_of_class):
-            continue
-        found = _outcome(hypo, job, usable[: i + 1])
+    def _prefix(self, st: FreeState, job: PendingJob, usable: list[Candidate]) -> Reclaim | None:
+        """Free victims in preference order until the gang fits somewhere; keep those the fit uses."""
+        need = job.gpu_count
+        freed: list[Loc] = []
+        found: Reclaim | None = None
+        checks = 0
+        step = 1
         since_check = 0
-        checks += 1
-        # Check after every victim at first, then less often: the search stays cheap when
-        # thousands of small jobs would have to go, at the price of a slightly longer prefix.
-        if checks > 16:
-            step = min(step * 2, 64)
-        if found is not None:
-            return found
-    return None
+        for i, cand in enumerate(usable):
+            for ni, p in cand.locs:
+                if (ni, p) not in self.reserved and not st.free[ni][p]:
+                    st.give(ni, (p,))
+                    freed.append((ni, p))
+            since_check += 1
+            last_of_class = i + 1 == len(usable) or usable[i + 1].cls != cand.cls
+            if st.type_free.get(job.gpu_type, 0) < need or (since_check < step and not last_of_class):
+                continue
+            fit = find(st, job.gpu_type, job.replicas, job.gpus_per_replica)
+            since_check = 0
+            checks += 1
+            # Check after every victim at first, then less often: the search stays cheap when
+            # thousands of small jobs would have to go, at the price of a slightly longer prefix.
+            if checks > 16:
+                step = min(step * 2, 64)
+            if fit is not None:
+                used = {(ni, p) for ni, positions in fit.replicas for p in positions}
+                waits_on = tuple(c.job for c in usable[: i + 1] if any(loc in used for loc in c.locs))
+                found = Reclaim(fit, tuple(j for j in waits_on if not j.terminating), waits_on)
+                break
+        for ni, p in freed:
+            st.take(ni, (p,))
+        return found

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from scheduling.core.index import FreeState
+from scheduling.core.index import FreeState, TopoIndex
 
 
 def relative(seconds: float) -> str:
@@ -20,9 +20,8 @@ def relative(seconds: float) -> str:
     return f"in ~{round(hours / 24)} d"
 
 
-def never(st: FreeState, gpu_type: str, replicas: int, per_replica: int) -> str | None:
+def never(ix: TopoIndex, gpu_type: str, replicas: int, per_replica: int) -> str | None:
     """Why a gang of this shape can never run on this cluster, or None."""
-    ix = st.ix
     total = ix.type_total.get(gpu_type, 0)
     if total == 0:
         kinds = ", ".join(ix.gpu_types) or "none"
