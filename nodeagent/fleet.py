@@ -14,7 +14,12 @@ to a spine) or a TOML/JSON file:
     simulate = "8xH100"          # or topology = "path/to/topology.json"
 
 `--token` is an enrolment token (each node registers once and keeps its node token in its state
-dir), or a JSON file mapping node names to node tokens.
+dir), or a JSON file mapping node names to node tokens. Or, instead of both, `--tokens-file` names the
+file `manage.py seed_demo --agent-tokens` writes, which lists the nodes already in the portal:
+
+    {"nodes": {"node-a01": {"token": "ynd_…", "leaf": "leaf-0", "spine": "spine-0",
+                            "gpu_type": "H100", "gpus": 8}, …},
+     "enrolment": "yen_…"}
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from nodeagent.agent import Agent, AgentFatal
 from nodeagent.config import AgentConfig, ConfigError
 from nodeagent.simgpu import SimulatedGpus, TopologyError, gpus_from_file, gpus_from_spec
 
-_FLEET_SPEC = re.compile(r"^(\d+)x(\d+x[A-Za-z0-9]+)$")
+_FLEET_SPEC = re.compile(r"^(\d+)x(\d+x[A-Za-z0-9][A-Za-z0-9_-]*)$")
 
 
 @dataclass(frozen=True)
@@ -86,6 +91,19 @@ def nodes_from_file(path: Path) -> list[NodeSpec]:
     return nodes
 
 
+def nodes_from_tokens_file(path: Path) -> tuple[list[NodeSpec], dict[str, str]]:
+    """The nodes and node tokens of a `seed_demo --agent-tokens` file."""
+    try:
+        entries = json.loads(path.read_text())["nodes"]
+        nodes = [
+            NodeSpec(name=name, leaf=str(e["leaf"]), spine=str(e["spine"]), simulate=f"{int(e['gpus'])}x{e['gpu_type']}")
+            for name, e in sorted(entries.items())
+        ]
+        return nodes, {name: str(e["token"]) for name, e in entries.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ConfigError(f"cannot read the tokens file {path}: {exc!r}") from exc
+
+
 def tokens_for(token: str, nodes: list[NodeSpec]) -> dict[str, str]:
     """One token per node: the enrolment token for all, or each node's own from a JSON file."""
     path = Path(token)
@@ -95,6 +113,8 @@ def tokens_for(token: str, nodes: list[NodeSpec]) -> dict[str, str]:
         mapping = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read the token file {path}: {exc}") from exc
+    if isinstance(mapping.get("nodes"), dict):  # the seed_demo format
+        mapping = {name: entry["token"] for name, entry in mapping["nodes"].items()}
     missing = [node.name for node in nodes if node.name not in mapping]
     if missing:
         raise ConfigError(f"{path} has no token for {', '.join(missing[:5])}")
@@ -146,8 +166,9 @@ class Fleet:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m nodeagent.fleet", description="many simulated node agents")
     parser.add_argument("--portal", required=True)
-    parser.add_argument("--token", required=True, help="enrolment token, or a JSON file {node name: node token}")
-    parser.add_argument("--simulate-nodes", required=True, help="COUNTxGPUS (e.g. 40x8xH100) or a TOML/JSON file")
+    parser.add_argument("--token", help="enrolment token, or a JSON file {node name: node token}")
+    parser.add_argument("--simulate-nodes", help="COUNTxGPUS (e.g. 40x8xH100) or a TOML/JSON file")
+    parser.add_argument("--tokens-file", type=Path, help="nodes and their tokens, as seed_demo --agent-tokens writes")
     parser.add_argument("--state-dir", type=Path, default=Path("var/fleet"))
     parser.add_argument("--address", default="127.0.0.1")
     parser.add_argument("--nodes-per-leaf", type=int, default=5)
@@ -160,18 +181,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def build_fleet(args: argparse.Namespace) -> Fleet:
-    source = Path(args.simulate_nodes)
-    nodes = (
-        nodes_from_file(source)
-        if source.is_file()
-        else nodes_from_spec(
-            args.simulate_nodes,
-            nodes_per_leaf=args.nodes_per_leaf,
-            leaves_per_spine=args.leaves_per_spine,
-            prefix=args.prefix,
+    if args.tokens_file is not None:
+        nodes, tokens = nodes_from_tokens_file(args.tokens_file)
+    elif args.token and args.simulate_nodes:
+        source = Path(args.simulate_nodes)
+        nodes = (
+            nodes_from_file(source)
+            if source.is_file()
+            else nodes_from_spec(
+                args.simulate_nodes,
+                nodes_per_leaf=args.nodes_per_leaf,
+                leaves_per_spine=args.leaves_per_spine,
+                prefix=args.prefix,
+            )
         )
-    )
-    tokens = tokens_for(args.token, nodes)
+        tokens = tokens_for(args.token, nodes)
+    else:
+        raise ConfigError("give --tokens-file, or --token and --simulate-nodes")
     extra = {"heartbeat_interval_s": args.heartbeat_interval} if args.heartbeat_interval else {}
     configs = [
         AgentConfig(

@@ -23,7 +23,7 @@ KNOWN_GPUS: dict[str, tuple[str, int]] = {
     "A100": ("NVIDIA A100-SXM4-80GB", 81920),
     "B200": ("NVIDIA B200", 183359),
 }
-_SPEC = re.compile(r"^(\d+)x([A-Za-z0-9]+)$")
+_SPEC = re.compile(r"^(\d+)x([A-Za-z0-9][A-Za-z0-9_-]*)$")
 
 
 class TopologyError(Exception):

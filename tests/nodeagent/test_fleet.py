@@ -65,3 +65,25 @@ def test_fleet_takes_node_tokens_from_a_file(portal: FakePortal, tmp_path: Path)
         ["--portal", portal.url, "--token", str(token_file), "--simulate-nodes", "2x1xH100", "--state-dir", str(tmp_path)]
     )
     assert [agent.config.token for agent in build_fleet(args).agents] == [tokens["node-000"], tokens["node-001"]]
+
+
+def test_fleet_runs_the_nodes_of_a_seed_demo_tokens_file(tmp_path: Path) -> None:
+    tokens_file = tmp_path / "agent-tokens.json"
+    tokens_file.write_text(
+        json.dumps(
+            {
+                "nodes": {
+                    "node-b02": {"token": "ynd_b", "leaf": "leaf-1", "spine": "spine-0", "gpu_type": "H200", "gpus": 4},
+                    "node-a01": {"token": "ynd_a", "leaf": "leaf-0", "spine": "spine-0", "gpu_type": "H100", "gpus": 8},
+                },
+                "enrolment": "yen_x",
+            }
+        )
+    )
+    args = _parser().parse_args(["--portal", "http://p", "--tokens-file", str(tokens_file), "--state-dir", str(tmp_path)])
+    agents = build_fleet(args).agents
+    assert [(a.config.name, a.config.token, a.config.leaf) for a in agents] == [
+        ("node-a01", "ynd_a", "leaf-0"),
+        ("node-b02", "ynd_b", "leaf-1"),
+    ]
+    assert [len(a.gpus.gpus()) for a in agents] == [8, 4] and agents[1].gpus.gpus()[0].gpu_type == "H200"
