@@ -266,3 +266,37 @@ def test_two_concurrent_reapers_issue_one_stop():
     assert sorted(len(r) for r in results) == [0, 1]
     assert JobEvent.objects.filter(job=job, reason__startswith="stop ordered (IDLE_TIMEOUT").count() == 1
     assert Job.objects.get(pk=job.pk).stop_reason == "IDLE_TIMEOUT"
+
+
+def test_reaped_notebook_ends_cancelled_with_idle_timeout_and_is_accounted(world):
+    from scheduling.governance.accounting import job_usage, month_of
+    from scheduling.services import task_mark_exited
+
+    job = _notebook(world)
+    telemetry(job, start=T0, minutes=46, utilization=0)
+    reap_idle_notebooks(now=_after(46))
+    for task in Task.objects.filter(job=job):
+        task_mark_exited(task=task, exit_code=None, signal=15, stopped_by="sigterm", ended_at=_after(47))
+    job.refresh_from_db()
+    assert (job.state, job.stop_reason) == ("CANCELLED", "IDLE_TIMEOUT")
+    [row] = job_usage(month=month_of(T0), now=_after(47))
+    assert row.usage.reaped_s == row.usage.used_s > 0
+
+
+def test_idle_banner_offers_the_owner_an_extension(world, rf):
+    from django.template.loader import render_to_string
+
+    _, _, owner = world
+    job = _notebook(world)
+    telemetry(job, start=T0, minutes=36, utilization=0)
+    reap_idle_notebooks(now=_after(36))
+    request = rf.get("/jobs/")
+    request.user = owner
+    html = render_to_string("governance/_idle_banner.html", {"idle_warnings": idle_warnings_for(owner)}, request=request)
+    assert f"/notebooks/{job.pk}/extend-idle" in html and "Keep it 60 min longer" in html
+
+
+def test_idle_banner_is_empty_without_warnings(rf):
+    from django.template.loader import render_to_string
+
+    assert render_to_string("governance/_idle_banner.html", {"idle_warnings": []}, request=rf.get("/")).strip() == ""
