@@ -254,7 +254,14 @@ class Agent:
 
     def _adopt(self) -> None:
         """Take over the workloads a previous agent started; settle those that ended meanwhile."""
-        data = journal_mod.load(self.journal_path)
+        try:
+            data = journal_mod.load(self.journal_path)
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            # Guessing here could start a workload twice; a person decides.
+            raise AgentFatal(
+                f"the journal {self.journal_path} is unreadable ({exc!r}); move it away to start afresh "
+                f"(the workloads it lists are then neither adopted nor fenced: check for them first)"
+            ) from exc
         if data.last_contact is not None:
             # A crash-looping agent must not reset the liveness clock on every start.
             self.last_contact = min(self.last_contact, data.last_contact)

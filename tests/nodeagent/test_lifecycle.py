@@ -118,3 +118,12 @@ def test_a_notebook_runs_jupyter_with_a_token_and_reports_its_activity(portal: F
     exited = portal.wait_for(lambda: portal.statuses_of(22, "exited"), timeout=20, what="notebook stopped")[-1]
     assert exited["stopped_by"] == "sigterm"
     assert wait_gone(int(running["pid"]), timeout=2)
+
+
+def test_an_unreadable_journal_stops_the_agent_with_a_message_instead_of_guessing(portal: FakePortal, tmp_path: Path) -> None:
+    state = tmp_path / "j1"
+    state.mkdir()
+    (state / "journal.json").write_text('{"tasks": [{"task_id": 1,')
+    config = AgentConfig(portal=portal.url, token=portal.add_node("node-j1"), name="node-j1", state_dir=state)
+    with pytest.raises(AgentFatal, match=r"journal .* is unreadable"):
+        Agent(config, SimulatedGpus(gpus_from_spec("1xH100", node="node-j1"))).run()
