@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db.models import Prefetch, Q, QuerySet
+from django.http import Http404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
@@ -63,8 +65,6 @@ def _team_from_ref(ref: str, *, user: Any, candidates: QuerySet[OrgUnit]) -> Org
 def _spec_from(data: dict[str, Any], *, user: Any, kind: str) -> JobSpec:
     team = _team_from_ref(data["team"], user=user, candidates=teams_submittable(user=user))
     if team is None:
-        from django.core.exceptions import ValidationError
-
         # the same answer for a team that exists elsewhere as for none: no probing of the org tree
         raise ValidationError({"team": ["No such team, or not one you may submit to"]})
     if kind == JobKind.NOTEBOOK:
@@ -121,7 +121,10 @@ class _JobCollection(ApiView):
             jobs = jobs.filter(state__in=sorted(f["state"]))
         if "team" in f:
             team = _team_from_ref(f["team"], user=request.user, candidates=units_visible(user=request.user))
-            jobs = jobs.filter(team=team) if team is not None else jobs.none()
+            if team is None:
+                # the same answer for another tenant's team as for a missing one
+                raise ValidationError({"team": ["No such team, or not one you can see"]})
+            jobs = jobs.filter(team=team)
         if "user" in f:
             jobs = jobs.filter(user__username=f["user"])
         if "tier" in f:
@@ -192,8 +195,6 @@ class _JobItem(ApiView):
     def _job(self, request: Request, pk: int, *, manage: bool = False) -> Job:
         job = (access_job_manage if manage else access_job)(user=request.user, pk=pk)
         if job.kind != self.kind:
-            from django.http import Http404
-
             raise Http404("No such job")
         return job
 

@@ -1,0 +1,126 @@
+"""Every API operation x tenant A's session, personal token and CI token x tenant B's objects and unknown ids:
+zero 2xx answers and zero database changes. An operation missing from MATRIX fails the completeness test."""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.utils import timezone
+from drf_spectacular.generators import SchemaGenerator
+
+from scheduling.models import Allocation, Job, JobEvent, JobKind, Task, TaskLogChunk
+from scheduling.states import JobState
+from tenants.models import ApiToken, AuditEntry, Membership, OrgUnit, Quota
+from tests.api.conftest import session_client, token_client
+from tests.factories import make_cluster, make_job
+
+pytestmark = pytest.mark.django_db
+
+UNKNOWN = 987654321
+
+
+@dataclass
+class Target:
+    job: int
+    notebook: int
+    team: int
+    team_slug: str
+
+
+@dataclass
+class Call:
+    method: str
+    path: str
+    data: dict[str, Any] | None = None
+
+
+def _job_body(t: Target) -> dict[str, Any]:
+    return {"name": "x", "team": t.team_slug, "replicas": 1, "gpus_per_replica": 1}
+
+
+# operationId -> the request that would touch tenant B's object (or an unknown one)
+MATRIX: dict[str, Callable[[Target], Call]] = {
+    "jobs_list": lambda t: Call("get", "/api/v1/jobs", {"team": t.team_slug}),
+    "jobs_create": lambda t: Call("post", "/api/v1/jobs", _job_body(t)),
+    "jobs_retrieve": lambda t: Call("get", f"/api/v1/jobs/{t.job}"),
+    "jobs_cancel": lambda t: Call("post", f"/api/v1/jobs/{t.job}/cancel"),
+    "jobs_logs": lambda t: Call("get", f"/api/v1/jobs/{t.job}/logs", {"tail": 10}),
+    "notebooks_list": lambda t: Call("get", "/api/v1/notebooks", {"team": t.team_slug}),
+    "notebooks_create": lambda t: Call("post", "/api/v1/notebooks", {"name": "nb", "team": t.team_slug}),
+    "notebooks_retrieve": lambda t: Call("get", f"/api/v1/notebooks/{t.notebook}"),
+    "notebooks_stop": lambda t: Call("post", f"/api/v1/notebooks/{t.notebook}/stop"),
+    "teams_quota": lambda t: Call("get", f"/api/v1/teams/{t.team}/quota"),
+    "v1_reports_usage_retrieve": lambda t: Call("get", "/api/v1/reports/usage", {"unit": t.team}),
+}
+# Operations with no tenant object to aim at: they only ever answer about the caller.
+NO_TENANT_OBJECT = {"me"}
+
+
+def _api_operations() -> set[str]:
+    schema = SchemaGenerator().get_schema(request=None, public=True)
+    return {
+        op["operationId"]
+        for path, item in schema["paths"].items()
+        if path.startswith("/api/v1/")
+        for op in item.values()
+        if isinstance(op, dict) and "operationId" in op
+    }
+
+
+def test_every_api_operation_is_in_the_matrix():
+    assert _api_operations() == set(MATRIX) | NO_TENANT_OBJECT
+
+
+def _fingerprint() -> tuple[Any, ...]:
+    return (
+        sorted(Job.objects.values_list("id", "state", "attempt", "stop_requested_at", "stop_reason", "name")),
+        JobEvent.objects.count(),
+        Task.objects.count(),
+        sorted(Task.objects.values_list("id", "state")),
+        Allocation.objects.filter(released_at__isnull=True).count(),
+        AuditEntry.objects.count(),
+        OrgUnit.objects.count(),
+        Quota.objects.count(),
+        Membership.objects.count(),
+        ApiToken.objects.filter(revoked_at__isnull=True).count(),
+        TaskLogChunk.objects.count(),
+    )
+
+
+@pytest.fixture
+def tenant_b(cast):
+    node = make_cluster(nodes=1)[0]
+    job = make_job(team=cast.org.team_c, user=cast.bea, state=JobState.RUNNING, started_at=timezone.now())
+    task = Task.objects.create(job=job, attempt=1, rank=0, node=node)
+    TaskLogChunk.objects.create(task=task, offset=0, data="secret of tenant B\n")
+    notebook = make_job(team=cast.org.team_c, user=cast.bea, kind=JobKind.NOTEBOOK)
+    return Target(job=job.pk, notebook=notebook.pk, team=cast.org.team_c.pk, team_slug=cast.org.team_c.slug)
+
+
+def test_tenant_a_gets_no_2xx_and_changes_nothing_on_tenant_b_or_unknown_objects(cast, tenant_b):
+    unknown = Target(job=UNKNOWN, notebook=UNKNOWN, team=UNKNOWN, team_slug="no-such-team")
+    clients = {
+        "session": session_client(cast.ann),
+        "personal token": token_client(cast.ann_token),
+        "CI token": token_client(cast.ci_token),
+    }
+    before = _fingerprint()
+    leaks = []
+    for operation, build in sorted(MATRIX.items()):
+        for target_name, target in (("tenant B", tenant_b), ("unknown", unknown)):
+            call = build(target)
+            for client_name, client in clients.items():
+                kwargs: dict[str, Any] = {"format": "json"} if call.method == "post" else {}
+                response = getattr(client, call.method)(call.path, call.data, **kwargs)
+                if 200 <= response.status_code < 300 or response.status_code >= 500:
+                    leaks.append(f"{operation} on {target_name} with {client_name}: {response.status_code}")
+    assert leaks == []
+    assert _fingerprint() == before
+
+
+def test_another_tenants_object_and_a_missing_one_get_the_same_answer(cast, tenant_b):
+    client = token_client(cast.ann_token)
+    theirs = client.get(f"/api/v1/jobs/{tenant_b.job}")
+    missing = client.get(f"/api/v1/jobs/{UNKNOWN}")
+    assert (theirs.status_code, theirs.json()) == (missing.status_code, missing.json()) == (404, missing.json())
