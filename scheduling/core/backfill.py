@@ -26,9 +26,7 @@ class Release:
 
 def _apply(st: FreeState, releases: list[Release], start: int, stop: int, reserved: set[Loc]) -> None:
     for rel in releases[start:stop]:
-        for ni, p in rel.locs:
-            if (ni, p) not in reserved:
-                st.give(ni, (p,))
+        st.give_locs(loc for loc in rel.locs if loc not in reserved)
 
 
 def earliest_fit(

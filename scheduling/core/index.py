@@ -229,6 +229,14 @@ class FreeState:
         if self.ix.nodes[ni].schedulable:
             self._change(ni, positions, True)
 
+    def take_locs(self, locs: Iterable[tuple[int, int]]) -> None:
+        for ni, positions in _by_node(locs).items():
+            self.take(ni, positions)
+
+    def give_locs(self, locs: Iterable[tuple[int, int]]) -> None:
+        for ni, positions in _by_node(locs).items():
+            self.give(ni, positions)
+
     def best_domain(self, gpu_type: str, level: int, need: int, max_k: int) -> tuple[int, int] | None:
         """The domain of ``level`` with the fewest free GPUs >= need (best fit), first in topology order."""
         dfree = self.dfree[level]
@@ -259,3 +267,10 @@ class FreeState:
         if h is None:
             return 0
         return sum(h[k] * (k // per_replica) for k in range(per_replica, len(h)) if h[k])
+
+
+def _by_node(locs: Iterable[tuple[int, int]]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for ni, p in locs:
+        out.setdefault(ni, []).append(p)
+    return out

@@ -93,6 +93,7 @@ class _Planner:
         self._fails: dict[tuple[str, int], int] = {}
         self._reclaim_fails: set[tuple[Tier, str, str, int, int]] = set()
         self._reason_cache: dict[tuple[str, int, int], str] = {}
+        self._never: dict[tuple[str, int, int], str | None] = {}
         self._strict_block: dict[str, str] = {}  # backfill off: type -> first blocked job
         self._lend_fails: dict[tuple[str, int, tuple[str, ...]], int] = {}
 
@@ -120,7 +121,10 @@ class _Planner:
 
     def _one(self, job: PendingJob) -> None:
         t, r, g = job.gpu_type, job.replicas, job.gpus_per_replica
-        impossible = reasons.never(self.ix, t, r, g) if r > 0 and g > 0 else "asks for no GPUs"
+        shape = (t, r, g)
+        if shape not in self._never:
+            self._never[shape] = reasons.never(self.ix, t, r, g) if r > 0 and g > 0 else "asks for no GPUs"
+        impossible = self._never[shape]
         if impossible is not None:
             self.reasons[job.job_id] = f"can never run: {impossible}"
             return
@@ -168,15 +172,12 @@ class _Planner:
         if failed is not None and job.replicas >= failed:
             return None
         lent = sorted({loc for h in usable for loc in h.free_now})
-        for ni, p in lent:
-            self.st.give(ni, (p,))
+        self.st.give_locs(lent)
         fit = find(self.st, job.gpu_type, job.replicas, job.gpus_per_replica)
         if fit is None:
             self._lend_fails[key] = min(job.replicas, failed) if failed is not None else job.replicas
         used = {(ni, p) for ni, positions in fit.replicas for p in positions} if fit else set()
-        for ni, p in lent:
-            if (ni, p) not in used:
-                self.st.take(ni, (p,))
+        self.st.take_locs(loc for loc in lent if loc not in used)
         for h in usable:
             h.free_now -= used
         return fit
@@ -242,8 +243,7 @@ class _Planner:
         if self._reclaimer is not None:
             self._reclaimer.claim((), locs)
         free_now = {loc for loc in locs if self.st.free[loc[0]][loc[1]]}
-        for ni, p in sorted(free_now):
-            self.st.take(ni, (p,))
+        self.st.take_locs(sorted(free_now))
         return free_now
 
     # ------------------------------------------------------------------ reservations

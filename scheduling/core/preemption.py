@@ -54,7 +54,7 @@ def candidates(
         else:
             cls = RESEARCH_BORROWED if borrowed.get(job.job_id) else RESEARCH
         since = max(job.start, job.last_checkpoint if job.last_checkpoint is not None else job.start)
-        work_lost = max(now - since, 0.0) * job.gpu_count
+        work_lost = max(now - since, 0.0) * sum(map(len, job.replicas))
         out.setdefault(job.gpu_type, []).append(Candidate(job, cls, work_lost, locs[job.job_id]))
     for cands in out.values():
         cands.sort(key=lambda c: c.key)
@@ -139,11 +139,9 @@ class Reclaimer:
     def _trial(self, st: FreeState, job: PendingJob, chosen: list[Candidate]) -> Reclaim | None:
         """Search with the victims' GPUs freed, on the live state, then put them back."""
         given = sorted({loc for c in chosen for loc in c.locs if loc not in self.reserved and not st.free[loc[0]][loc[1]]})
-        for ni, p in given:
-            st.give(ni, (p,))
+        st.give_locs(given)
         fit = find(st, job.gpu_type, job.replicas, job.gpus_per_replica)
-        for ni, p in given:
-            st.take(ni, (p,))
+        st.take_locs(given)
         if fit is None:
             return None
         used = {(ni, p) for ni, positions in fit.replicas for p in positions}
@@ -226,10 +224,9 @@ class Reclaimer:
         step = 1
         since_check = 0
         for i, cand in enumerate(usable):
-            for ni, p in cand.locs:
-                if (ni, p) not in self.reserved and not st.free[ni][p]:
-                    st.give(ni, (p,))
-                    freed.append((ni, p))
+            mine = [(ni, p) for ni, p in cand.locs if (ni, p) not in self.reserved and not st.free[ni][p]]
+            st.give_locs(mine)
+            freed.extend(mine)
             since_check += 1
             last_of_class = i + 1 == len(usable) or usable[i + 1].cls != cand.cls
             if st.type_free.get(job.gpu_type, 0) < need or (since_check < step and not last_of_class):
@@ -246,6 +243,5 @@ class Reclaimer:
                 waits_on = tuple(c.job for c in usable[: i + 1] if any(loc in used for loc in c.locs))
                 found = Reclaim(fit, tuple(j for j in waits_on if not j.terminating), waits_on)
                 break
-        for ni, p in freed:
-            st.take(ni, (p,))
+        st.take_locs(freed)
         return found

@@ -17,8 +17,12 @@ class QuotaState:
         self.units = {u.name: u for u in units}
         self.held: dict[str, dict[str, int]] = {name: {} for name in self.units}
         self._chains: dict[str, tuple[str, ...]] = {}
+        totals: dict[tuple[str, str], int] = {}
         for job in running:
-            self.add(job.team, job.gpu_type, job.gpu_count)
+            key = (job.team, job.gpu_type)
+            totals[key] = totals.get(key, 0) + sum(map(len, job.replicas))
+        for (team, gpu_type), n in sorted(totals.items()):
+            self.add(team, gpu_type, n)
 
     def chain(self, team: str) -> tuple[str, ...]:
         """The team and its ancestors, the team first."""
@@ -79,6 +83,7 @@ def borrowed_running(units: Iterable[QuotaUnit], running: Iterable[RunningJob]) 
     for (team, gpu_type), jobs in sorted(groups.items()):
         left = guarantees.get(team, {}).get(gpu_type, 0)
         for job in sorted(jobs, key=lambda j: (j.tier, j.start, j.job_id)):
-            out[job.job_id] = job.gpu_count > left
-            left = max(left - job.gpu_count, 0)
+            n = sum(map(len, job.replicas))
+            out[job.job_id] = n > left
+            left = max(left - n, 0)
     return out
