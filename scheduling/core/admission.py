@@ -34,7 +34,8 @@ def admit(snapshot: Snapshot, job: PendingJob, *, now: float) -> Verdict:
     why = result.pending_reasons.get(job.job_id, "waits for free GPUs")
     start = result.estimated_start.get(job.job_id)
     if start is not None:
-        return Verdict(ok=True, reason=f"waits ~{reasons.relative(start - now)[4:]}: {why}")
+        when = reasons.relative(start - now).removeprefix("in ")
+        return Verdict(ok=True, reason=f"waits {when}: {why}")
     return Verdict(ok=True, reason=f"waits: {why}")
 
 

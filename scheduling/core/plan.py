@@ -55,14 +55,11 @@ class _Held:
     """A reservation in progress: its GPUs, and which of them are free now (held out of the pool)."""
 
     job_id: str
+    gpu_type: str
     start: float
     domain: str
     locs: tuple[Loc, ...]
     free_now: set[Loc] = field(default_factory=set)
-
-    def free_count(self, ix: TopoIndex, gpu_type: str) -> int:
-        # A reservation holds GPUs of its job's one type.
-        return len(self.free_now) if self.free_now and ix.nodes[next(iter(self.free_now))[0]].gpu_type == gpu_type else 0
 
 
 class _Planner:
@@ -269,7 +266,7 @@ class _Planner:
         start, fit = found
         base = self._shape_reason(job)  # before the hold changes what is free
         free_now = self._hold(fit)
-        self.held.append(_Held(job.job_id, start, fit.domain, tuple(sorted(free_now)), free_now))
+        self.held.append(_Held(job.job_id, job.gpu_type, start, fit.domain, tuple(sorted(free_now)), free_now))
         self.reservations.append(Reservation(job.job_id, fit.domain, start, fit.gpu_ids(self.ix)))
         self.estimated[job.job_id] = start
         self.reasons[job.job_id] = f"{base}; reserved {fit.domain}, earliest {reasons.relative(start - self.now)}"
@@ -284,13 +281,13 @@ class _Planner:
         return self._reason_cache[key]
 
     def _blocked_reason(self, job: PendingJob) -> str:
-        t = job.gpu_type
-        held_free = sum(h.free_count(self.ix, t) for h in self.held)
-        if held_free and self.st.type_free.get(t, 0) + held_free >= job.gpu_count:
-            first = min(self.held, key=lambda h: h.start)
-            return (
-                f"waiting behind a reservation for job {first.job_id} "
-                f"(starts {reasons.relative(first.start - self.now)} on {first.domain}); "
-                f"it would fit only on GPUs held for it"
-            )
-        return self._shape_reason(job)
+        same_type = [h for h in self.held if h.gpu_type == job.gpu_type]
+        if not same_type:
+            return self._shape_reason(job)
+        first = min(same_type, key=lambda h: (h.start, h.job_id))
+        when = reasons.relative(first.start - self.now)
+        behind = f"waiting behind a reservation for job {first.job_id} (starts {when} on {first.domain})"
+        held_free = sum(len(h.free_now) for h in same_type)
+        if held_free and self.st.type_free.get(job.gpu_type, 0) + held_free >= job.gpu_count:
+            return f"{behind}; it would fit now only on GPUs held for that job"
+        return f"{behind}; {self._shape_reason(job)}"

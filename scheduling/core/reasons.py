@@ -46,7 +46,7 @@ def blocked(st: FreeState, gpu_type: str, replicas: int, per_replica: int) -> st
     need = replicas * per_replica
     free = st.type_free.get(gpu_type, 0)
     if free == 0:
-        return f"no READY node has a free {gpu_type} ({need} needed)"
+        return f"no free {gpu_type} on any READY node ({need} needed)"
     if free < need:
         return f"needs {need} {gpu_type}; {free} free in the cluster"
     best_node = st.max_node_free(gpu_type)

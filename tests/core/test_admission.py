@@ -59,3 +59,13 @@ def test_job_that_must_wait_is_told_how_long():
     verdict = check(pending("j", 1, 8, team="vision"), running_jobs=full, quotas=quotas)
     assert verdict.ok
     assert verdict.reason.startswith("waits ~40 min")
+
+
+def test_job_queued_behind_another_reservation_is_told_so():
+    full = [running(f"r{i}", [gpu_ids(TOPO, f"n00{i}")], team="other", time_limit=2400.0 * (i + 1)) for i in range(4)]
+    quotas = quota_tree({"vision": {"H100": 16}, "other": {"H100": 16}})
+    queued = pending("first", 1, 8, team="other", submit_time=-10.0)
+    snap = snapshot(TOPO, running=full, pending=[queued], quotas=quotas)
+    verdict = admit(snap, pending("j", 1, 8, team="vision", time_limit=99_999.0), now=0.0)
+    assert verdict.ok
+    assert "waiting behind a reservation for job first" in verdict.reason

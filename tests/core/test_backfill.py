@@ -86,7 +86,7 @@ def test_every_pending_job_not_placed_has_a_reason():
 def test_no_free_gpu_of_the_type_says_so():
     full = [running("r0", [gpu_ids(TOPO, "n000")]), running("r1", [gpu_ids(TOPO, "n001")])]
     result = plan(snapshot(TOPO, running=full, pending=[pending("j", 1, 8)], config=Config(backfill=False)), now=NOW)
-    assert result.pending_reasons["j"] == "no READY node has a free H100 (8 needed)"
+    assert result.pending_reasons["j"] == "no free H100 on any READY node (8 needed)"
 
 
 def test_relative_times_read_naturally():
