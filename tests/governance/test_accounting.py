@@ -212,3 +212,14 @@ def test_daily_usage_splits_at_local_midnight(world):
     [row] = job_usage(month=NOV, now=END_OF_TIME)
     assert dict(row.daily_s) == {3: 3600, 4: 1800}
     assert sum(row.daily_s.values()) == row.usage.used_s == timedelta(minutes=90).total_seconds()
+
+
+def test_report_takes_a_fixed_number_of_queries_however_many_jobs(world, django_assert_max_num_queries):
+    org, nodes, user = world
+    for i in range(12):
+        job = make_job(team=org.team_a if i % 2 else org.team_c, user=user)
+        attempt(job, node=nodes[i % 2], number=1, gpus=[i // 2], start=at(3, i), end=at(3, i + 1))
+        _preempt(job, 1, at(3, i + 1))
+    with django_assert_max_num_queries(7):
+        report = build_report(month=NOV, tops=[org.root], now=END_OF_TIME)
+    assert report.tops[0].total.used_s == 12 * 3600
