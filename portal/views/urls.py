@@ -1,3 +1,24 @@
-from django.urls import URLPattern, URLResolver
+"""The browser portal's pages (mounted at the site root; the dashboard is "/" in portal/urls.py)."""
 
-urlpatterns: list[URLPattern | URLResolver] = []
+from django.urls import URLPattern, URLResolver, path
+
+from portal.views import cluster, jobs, notebooks, quotas
+
+urlpatterns: list[URLPattern | URLResolver] = [
+    path("jobs/", jobs.jobs_list, name="jobs"),
+    path("jobs/new/", jobs.job_submit_view, name="job-submit"),
+    path("jobs/<int:pk>/", jobs.job_detail, name="job"),
+    path("jobs/<int:pk>/cancel/", jobs.job_cancel_view, name="job-cancel"),
+    path("jobs/<int:pk>/rerun/", jobs.job_rerun, name="job-rerun"),
+    path("notebooks/", notebooks.notebooks, name="notebooks"),
+    path("notebooks/<int:pk>/", notebooks.notebook_detail, name="notebook"),
+    path("notebooks/<int:pk>/open", notebooks.notebook_open, name="notebook-open"),
+    path("notebooks/<int:pk>/stop/", notebooks.notebook_stop, name="notebook-stop"),
+    path("cluster/", cluster.cluster, name="cluster"),
+    path("quotas/", quotas.quotas, name="quotas"),
+    path("quotas/history/", quotas.quota_history, name="quota-history"),
+    path("quotas/units/new/", quotas.unit_add, name="unit-add"),
+    path("quotas/units/move/", quotas.unit_relocate, name="unit-move"),
+    path("quotas/units/<int:unit_id>/remove/", quotas.unit_remove, name="unit-remove"),
+    path("quotas/<int:unit_id>/<str:gpu_type>/", quotas.quota_edit, name="quota-edit"),
+]

@@ -1,0 +1,155 @@
+"""Forms of the browser portal: they parse and check input; services do the writes."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django import forms
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+
+from scheduling.models import Node, Tier
+from tenants.models import OrgUnit, Quota, UnitKind
+
+ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def gpu_type_choices() -> list[tuple[str, str]]:
+    """GPU types the cluster has or a quota names (a type may be budgeted before its nodes arrive)."""
+    types = set(Node.objects.values_list("gpu_type", flat=True).distinct())
+    types |= set(Quota.objects.values_list("gpu_type", flat=True).distinct())
+    return [(t, t) for t in sorted(types)] or [("H100", "H100")]
+
+
+def parse_env(text: str) -> dict[str, str]:
+    """KEY=VALUE lines (blank lines and # comments skipped) into a dict; errors name the line."""
+    env: dict[str, str] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        key = key.strip()
+        if not sep or not ENV_KEY.match(key):
+            raise ValidationError(f"Line {number}: write KEY=VALUE, with a key of letters, digits and _ (got {line!r})")
+        env[key] = value
+    return env
+
+
+def format_env(env: dict[str, Any]) -> str:
+    return "\n".join(f"{k}={v}" for k, v in env.items())
+
+
+class JobForm(forms.Form):
+    name = forms.CharField(max_length=200)
+    team = forms.ModelChoiceField(queryset=OrgUnit.objects.none(), empty_label=None)
+    tier = forms.TypedChoiceField(choices=Tier.choices, coerce=int, initial=Tier.RESEARCH)
+    replicas = forms.IntegerField(min_value=1, max_value=512, initial=1)
+    gpus_per_replica = forms.IntegerField(min_value=1, max_value=16, initial=1, label="GPUs per replica")
+    gpu_type = forms.ChoiceField(label="GPU type")
+    command = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False)
+    env = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "KEY=VALUE, one a line"}), required=False, label="Environment"
+    )
+    time_limit_h = forms.FloatField(
+        min_value=1 / 60, max_value=24 * 14, required=False, label="Time limit (hours)", help_text="Empty: the cluster default"
+    )
+    checkpoint_dir = forms.CharField(
+        max_length=1024, required=False, label="Checkpoint directory", help_text="Empty: one is made under your team's directory"
+    )
+
+    def __init__(self, *args: Any, teams: QuerySet[OrgUnit], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        team_field = self.fields["team"]
+        assert isinstance(team_field, forms.ModelChoiceField)
+        team_field.queryset = teams
+        gpu_field = self.fields["gpu_type"]
+        assert isinstance(gpu_field, forms.ChoiceField)
+        gpu_field.choices = gpu_type_choices()
+
+    def clean_env(self) -> dict[str, str]:
+        return parse_env(self.cleaned_data.get("env") or "")
+
+    def spec_kwargs(self) -> dict[str, Any]:
+        """The JobSpec fields (scheduling.services.JobSpec) from the cleaned data."""
+        data = self.cleaned_data
+        hours = data.get("time_limit_h")
+        return {
+            "name": data["name"],
+            "team": data["team"],
+            "tier": data["tier"],
+            "kind": "batch",
+            "replicas": data["replicas"],
+            "gpus_per_replica": data["gpus_per_replica"],
+            "gpu_type": data["gpu_type"],
+            "command": data.get("command") or "",
+            "env": data.get("env") or {},
+            "time_limit_s": round(hours * 3600) if hours else None,
+            "checkpoint_dir": data.get("checkpoint_dir") or "",
+        }
+
+
+def job_initial(job: Any) -> dict[str, Any]:
+    """A past job's spec as initial form data, for "copy and edit"."""
+    return {
+        "name": job.name,
+        "team": job.team_id,
+        "tier": job.tier,
+        "replicas": job.replicas,
+        "gpus_per_replica": job.gpus_per_replica,
+        "gpu_type": job.gpu_type,
+        "command": job.command,
+        "env": format_env(job.env or {}),
+        "time_limit_h": round(job.time_limit_s / 3600, 3) if job.time_limit_s else None,
+        "checkpoint_dir": "",  # a copy gets its own directory unless the user names one
+    }
+
+
+class TemplateNameForm(forms.Form):
+    title = forms.CharField(max_length=100, label="Template name")
+
+
+class NotebookForm(forms.Form):
+    team = forms.ModelChoiceField(queryset=OrgUnit.objects.none(), empty_label=None)
+    gpu_type = forms.ChoiceField(label="GPU type")
+    gpus = forms.IntegerField(min_value=1, max_value=8, initial=1, label="GPUs")
+    tier = forms.TypedChoiceField(choices=Tier.choices, coerce=int, initial=Tier.RESEARCH)
+
+    def __init__(self, *args: Any, teams: QuerySet[OrgUnit], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        team_field = self.fields["team"]
+        assert isinstance(team_field, forms.ModelChoiceField)
+        team_field.queryset = teams
+        gpu_field = self.fields["gpu_type"]
+        assert isinstance(gpu_field, forms.ChoiceField)
+        gpu_field.choices = gpu_type_choices()
+
+
+class QuotaForm(forms.Form):
+    guaranteed = forms.IntegerField(min_value=0)
+    limit = forms.IntegerField(min_value=0, required=False, help_text="Empty: no limit")
+    weight = forms.FloatField(min_value=0.001, initial=1.0)
+
+
+class UnitCreateForm(forms.Form):
+    name = forms.CharField(max_length=100)
+    kind = forms.ChoiceField(choices=[c for c in UnitKind.choices if c[0] != UnitKind.ROOT])
+    parent = forms.ModelChoiceField(queryset=OrgUnit.objects.none(), empty_label=None)
+
+    def __init__(self, *args: Any, parents: QuerySet[OrgUnit], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        parent_field = self.fields["parent"]
+        assert isinstance(parent_field, forms.ModelChoiceField)
+        parent_field.queryset = parents
+
+
+class UnitMoveForm(forms.Form):
+    unit = forms.ModelChoiceField(queryset=OrgUnit.objects.none(), empty_label=None, label="Move")
+    parent = forms.ModelChoiceField(queryset=OrgUnit.objects.none(), empty_label=None, label="Under")
+
+    def __init__(self, *args: Any, movable: QuerySet[OrgUnit], parents: QuerySet[OrgUnit], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        unit_field, parent_field = self.fields["unit"], self.fields["parent"]
+        assert isinstance(unit_field, forms.ModelChoiceField) and isinstance(parent_field, forms.ModelChoiceField)
+        unit_field.queryset, parent_field.queryset = movable, parents

@@ -1,0 +1,55 @@
+"""Every page answers every role, and shows what that role may see."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from scheduling.models import JobKind
+from tests.factories import make_job
+
+ROLES = ["ann", "lea", "oli", "cat", "zed"]
+PAGES = ["dashboard", "jobs", "job-submit", "notebooks", "cluster", "quotas"]
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("page", PAGES)
+def test_page_renders_for_each_role(client, cast, role, page):
+    client.force_login(getattr(cast, role))
+    response = client.get(reverse(page))
+    assert response.status_code == 200
+    assert b'href="/reports/"' in response.content and b'href="/api/docs/"' in response.content
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_pages_require_sign_in(client, cast, page):
+    response = client.get(reverse(page))
+    assert response.status_code == 302 and "/login/" in response["Location"]
+
+
+def test_every_page_names_the_users_role_and_team(client, cast):
+    client.force_login(cast.lea)
+    response = client.get(reverse("cluster"))
+    assert b"Team lead of team-a" in response.content
+
+
+def test_dashboard_shows_my_live_jobs_and_not_my_finished_ones(client, cast):
+    make_job(team=cast.org.team_a, user=cast.ann, name="live-one", state="RUNNING")
+    make_job(team=cast.org.team_a, user=cast.ann, name="done-one", state="COMPLETED")
+    client.force_login(cast.ann)
+    body = client.get(reverse("dashboard")).content.decode()
+    assert "live-one" in body and "done-one" not in body
+
+
+def test_dashboard_quota_bar_shows_guarantee_and_limit(client, cast):
+    client.force_login(cast.ann)
+    body = client.get(reverse("dashboard")).content.decode()
+    assert "0 in use of 16 guaranteed, limit 32" in body
+
+
+def test_notebook_list_shows_only_my_notebooks(client, cast):
+    make_job(team=cast.org.team_a, user=cast.lea, name="leas-notebook", kind=JobKind.NOTEBOOK)
+    make_job(team=cast.org.team_a, user=cast.ann, name="anns-notebook", kind=JobKind.NOTEBOOK)
+    client.force_login(cast.ann)
+    body = client.get(reverse("notebooks")).content.decode()
+    assert "anns-notebook" in body and "leas-notebook" not in body
