@@ -319,18 +319,20 @@ def live_tasks_of(*, node: Node) -> list[Task]:
 def node_heartbeat(*, node: Node, heartbeat: Heartbeat, now: datetime | None = None) -> HeartbeatResult:
     """Record a heartbeat: liveness, telemetry, task facts. Returns the live tasks for `desired`."""
     now = now or timezone.now()
+    # Liveness first, as the transaction's first statement: it takes the node's row lock, so a
+    # concurrent liveness check cannot declare the node DOWN under this heartbeat; and SQLite
+    # (`make run`) takes its write lock before any read, while waiting for it is still allowed.
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=now)
     live = live_tasks_of(node=node)
     state, reason = _next_state(node=node, live=live, heartbeat=heartbeat)
-    updates: dict[str, object] = {"last_heartbeat": now}
     if state != node.state:
-        updates.update(state=state, state_reason=reason, state_changed_at=now)
-    # Conditional on the state we decided from: if liveness marked the node DOWN meanwhile, only
-    # the heartbeat time is written and the next heartbeat decides again.
-    if Node.objects.filter(pk=node.pk, state=node.state).update(**updates) == 1:
-        node.state, node.state_reason = state, reason
-    else:
-        Node.objects.filter(pk=node.pk).update(last_heartbeat=now)
-        node.refresh_from_db(fields=["state", "state_reason"])
+        # Conditional on the state we decided from: if it changed since (an admin, the liveness
+        # check), that change stands and the next heartbeat decides again.
+        changed = Node.objects.filter(pk=node.pk, state=node.state).update(state=state, state_reason=reason, state_changed_at=now)
+        if changed:
+            node.state, node.state_reason = state, reason
+        else:
+            node.refresh_from_db(fields=["state", "state_reason"])
     node.last_heartbeat = now
     _store_telemetry(node=node, samples=heartbeat.gpus, now=now)
     _store_task_facts(live=live, reports=heartbeat.tasks)
