@@ -229,3 +229,22 @@ def test_xid_falls_back_to_polling_the_kernel_log(monkeypatch: pytest.MonkeyPatc
 def test_parse_xid_line_reads_bus_and_code() -> None:
     assert parse_xid_line("NVRM: Xid (PCI:0000:3b:00): 48, pid=7, DBE") == ("0000:3b:00", 48)
     assert parse_xid_line("usb 1-1: new device") is None
+
+
+def test_discovery_and_telemetry_survive_every_call_being_unsupported(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    FakeNvml(monkeypatch, hgx({}, n=2), ancestor={})
+
+    def unsupported(*args: Any) -> Any:
+        raise nvml_error(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    for name in dir(FakeNvml):
+        if name.startswith("nvmlDevice") and name not in ("nvmlDeviceGetCount", "nvmlDeviceGetHandleByIndex"):
+            monkeypatch.setattr(pynvml, name, unsupported)
+    source = NvmlGpus(sysfs_pci=tmp_path, kmsg=tmp_path / "no-kmsg")
+    assert [(g.index, g.name, g.memory_mb, g.numa_node) for g in source.gpus()] == [
+        (0, "unknown", 0, None),
+        (1, "unknown", 0, None),
+    ]
+    assert [s.utilization_pct for s in source.sample({})] == [None, None]
+    assert {"nvmlDeviceGetName", "nvmlDeviceGetTemperature", "xid"} <= set(source.errors)
+    source.close()
