@@ -132,31 +132,29 @@ def unit_key(unit_id: int) -> str:
     return str(unit_id)
 
 
-def _topology() -> tuple[Topology, dict[int, str]]:
-    """Every node (only READY ones schedulable) with its healthy GPUs; and GPU pk -> node name."""
-    gpus_by_node: dict[int, list[Gpu]] = defaultdict(list)
-    for gpu in Gpu.objects.filter(healthy=True).only("id", "node_id", "index", "nvlink_domain", "pcie_switch", "numa_node"):
-        gpus_by_node[gpu.node_id].append(gpu)
-    nodes: list[CoreNode] = []
-    gpu_node: dict[int, str] = {}
-    for node in Node.objects.select_related("leaf__spine").order_by("name"):
-        gpus = sorted(gpus_by_node.get(node.pk, ()), key=lambda g: g.index)
-        for g in gpus:
-            gpu_node[g.pk] = node.name
-        nodes.append(
-            CoreNode(
-                name=node.name,
-                leaf=node.leaf.name,
-                spine=node.leaf.spine.name,
-                gpu_type=node.gpu_type,
-                gpus=tuple(
-                    CoreGpu(id=str(g.pk), index=g.index, nvlink=g.nvlink_domain, pcie=g.pcie_switch, numa=g.numa_node)
-                    for g in gpus
-                ),
-                schedulable=node.state == NodeState.READY,
-            )
+def _topology() -> Topology:
+    """Every node (only READY ones schedulable) with its healthy GPUs. Plain tuples, no model instances:
+    this runs at every cycle and every submit's admission check, over every GPU of the cluster."""
+    gpus_by_node: dict[int, list[CoreGpu]] = defaultdict(list)
+    rows = Gpu.objects.filter(healthy=True).order_by("node_id", "index")
+    for pk, node_id, index, nvlink, pcie, numa in rows.values_list(
+        "id", "node_id", "index", "nvlink_domain", "pcie_switch", "numa_node"
+    ):
+        gpus_by_node[node_id].append(CoreGpu(id=str(pk), index=index, nvlink=nvlink, pcie=pcie, numa=numa))
+    nodes = tuple(
+        CoreNode(
+            name=name,
+            leaf=leaf,
+            spine=spine,
+            gpu_type=gpu_type,
+            gpus=tuple(gpus_by_node.get(pk, ())),
+            schedulable=state == NodeState.READY,
         )
-    return Topology(nodes=tuple(nodes)), gpu_node
+        for pk, name, leaf, spine, gpu_type, state in Node.objects.order_by("name").values_list(
+            "id", "name", "leaf__name", "leaf__spine__name", "gpu_type", "state"
+        )
+    )
+    return Topology(nodes=nodes)
 
 
 def _running(now: datetime) -> tuple[RunningJob, ...]:
@@ -247,8 +245,9 @@ def scheduler_config() -> Config:
 
 def snapshot_build(*, now: datetime) -> Snapshot:
     """The core's input from the database: topology, running gangs, pending jobs, quota tree with decayed usage."""
-    topology, _ = _topology()
-    return Snapshot(topology=topology, running=_running(now), pending=_pending(), quotas=_quotas(now), config=scheduler_config())
+    return Snapshot(
+        topology=_topology(), running=_running(now), pending=_pending(), quotas=_quotas(now), config=scheduler_config()
+    )
 
 
 # --------------------------------------------------------------------------- invariants
