@@ -97,8 +97,14 @@ def database_from_url(url: str, *, base_dir: Path) -> dict[str, object]:
         if not path:
             raise ImproperlyConfiguredEnv(f"DATABASE_URL={url!r}: write sqlite:///relative/or/absolute/path.sqlite3")
         db_path = Path(path) if Path(path).is_absolute() else base_dir / path
-        # A busy timeout so the web process, the worker and beat can share the file.
-        return {"ENGINE": "django.db.backends.sqlite3", "NAME": db_path, "OPTIONS": {"timeout": 20}}
+        # A busy timeout so the web process, the worker, beat and the agents' requests can share
+        # the file; IMMEDIATE transactions take the write lock up front, so a read-then-write
+        # transaction never fails half-way with "database is locked".
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": db_path,
+            "OPTIONS": {"timeout": 20, "transaction_mode": "IMMEDIATE"},
+        }
     raise ImproperlyConfiguredEnv(
         f"DATABASE_URL={url!r} has an unsupported scheme {parts.scheme!r}; use postgres://USER@HOST:PORT/DB or sqlite:///PATH"
     )
