@@ -8,6 +8,7 @@ workloads keep running until the portal has been unreachable for `stop_after_s`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -147,6 +148,7 @@ class Agent:
         self.drains_posted: set[tuple[int, int]] = set()
         self.liveness_tripped = False
         self.dirty = False
+        self.identity: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -156,6 +158,7 @@ class Agent:
         if token is None:
             return  # stopped while registering
         self.client = PortalClient(self.config.portal, token, timeout_s=self.config.http_timeout_s)
+        self.identity = hashlib.sha256(token.encode()).hexdigest()[:16]
         self._adopt()
         self.log.info(
             "agent %s running with %d GPU(s)%s", __version__, len(self.gpus.gpus()), " (simulated)" if self.gpus.simulated else ""
@@ -249,7 +252,10 @@ class Agent:
 
     # -- journal ---------------------------------------------------------------------------------------
     def _save(self) -> None:
-        journal_mod.save(self.journal_path, JournalData(last_contact=self.last_contact, tasks=list(self.records.values())))
+        journal_mod.save(
+            self.journal_path,
+            JournalData(last_contact=self.last_contact, identity=self.identity, tasks=list(self.records.values())),
+        )
         self.dirty = False
 
     def _adopt(self) -> None:
@@ -262,6 +268,10 @@ class Agent:
                 f"the journal {self.journal_path} is unreadable ({exc!r}); move it away to start afresh "
                 f"(the workloads it lists are then neither adopted nor fenced: check for them first)"
             ) from exc
+        if data.identity is not None and data.identity != self.identity:
+            self._forget_other_identity(data)
+            self._save()
+            return
         if data.last_contact is not None:
             # A crash-looping agent must not reset the liveness clock on every start.
             self.last_contact = min(self.last_contact, data.last_contact)
@@ -279,6 +289,26 @@ class Agent:
             else:
                 self._finish(record, launcher.read_exit_file(record.exit_file))
         self._save()
+
+    def _forget_other_identity(self, data: JournalData) -> None:
+        """The journal was written under another node token: the node was re-enrolled, or the portal
+        is a new one (a fresh demo database). Its task ids mean nothing to this portal and may be
+        reused there, so nothing is adopted or remembered; what still runs of it is killed."""
+        live = [r for r in data.tasks if r.live and r.pid is not None and launcher.process_alive(r.pid, r.start_ticks)]
+        self.log.warning(
+            "the journal belongs to another node token: killing %d leftover workload(s), forgetting %d task(s)",
+            len(live),
+            len(data.tasks),
+        )
+        for record in live:
+            assert record.pid is not None
+            launcher.signal_group(record.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.config.fence_grace_s
+        while any(launcher.group_alive(r.pid) for r in live if r.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for record in live:
+            assert record.pid is not None
+            launcher.signal_group(record.pid, signal.SIGKILL)
 
     # -- portal calls ----------------------------------------------------------------------------------
     def _portal_ok(self, now: float) -> bool:

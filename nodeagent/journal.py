@@ -94,6 +94,8 @@ class TaskRecord:
 @dataclass
 class JournalData:
     last_contact: float | None = None
+    # Which node identity wrote it (a hash of the node token): task ids are only unique per portal.
+    identity: str | None = None
     tasks: list[TaskRecord] = field(default_factory=list)
 
 
@@ -118,10 +120,16 @@ def load(path: Path) -> JournalData:
     raw = json.loads(path.read_text())
     return JournalData(
         last_contact=raw.get("last_contact"),
+        identity=raw.get("identity"),
         tasks=[TaskRecord.from_json(item) for item in raw.get("tasks", [])],
     )
 
 
 def save(path: Path, data: JournalData) -> None:
-    payload = {"version": JOURNAL_VERSION, "last_contact": data.last_contact, "tasks": [asdict(record) for record in data.tasks]}
+    payload = {
+        "version": JOURNAL_VERSION,
+        "last_contact": data.last_contact,
+        "identity": data.identity,
+        "tasks": [asdict(record) for record in data.tasks],
+    }
     atomic_write(path, json.dumps(payload, indent=1))

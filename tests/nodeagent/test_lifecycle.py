@@ -127,3 +127,25 @@ def test_an_unreadable_journal_stops_the_agent_with_a_message_instead_of_guessin
     config = AgentConfig(portal=portal.url, token=portal.add_node("node-j1"), name="node-j1", state_dir=state)
     with pytest.raises(AgentFatal, match=r"journal .* is unreadable"):
         Agent(config, SimulatedGpus(gpus_from_spec("1xH100", node="node-j1"))).run()
+
+
+def test_a_new_node_token_kills_the_old_identitys_workloads_and_reuses_nothing(
+    portal: FakePortal, start_agent: StartAgent, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    first = start_agent("node-i1")
+    portal.set_desired("node-i1", [task_spec(60, f"echo old >> {runs}; exec sleep 60")])
+    old = portal.wait_for(lambda: first.record(60), what="task 60 started")
+    portal.wait_for(lambda: old.running_reported, what="task 60 reported")
+    first.stop()
+    portal.stop()
+    fresh = FakePortal().start()  # a new portal (a fresh demo database) that reuses task id 60
+    try:
+        fresh.add_node("node-i1")
+        fresh.set_desired("node-i1", [task_spec(60, f"echo new >> {runs}; exec sleep 60")])
+        second = start_agent("node-i1", portal=fresh.url, token=fresh.nodes["node-i1"].token)
+        new = fresh.wait_for(lambda: second.record(60), what="task 60 started by the new identity")
+        assert new.pid != old.pid and wait_gone(old.pid, timeout=10)
+        fresh.wait_for(lambda: runs.read_text() == "old\nnew\n", what="the new task's output")
+    finally:
+        fresh.stop()
