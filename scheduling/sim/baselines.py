@@ -116,9 +116,7 @@ def _first_fit_nodes(counts: dict[str, int], idx: _Index, job: PendingJob) -> li
     return chosen
 
 
-def _best_fit_nodes(
-    counts: dict[str, int], idx: _Index, job: PendingJob, cap: dict[str, int] | None = None
-) -> list[str] | None:
+def _best_fit_nodes(counts: dict[str, int], idx: _Index, job: PendingJob, cap: dict[str, int] | None = None) -> list[str] | None:
     """Node of each replica, the one left with the fewest free GPUs (ties: name order).
 
     ``cap``, if given, bounds what may be used per node. ``counts`` (and ``cap``)
@@ -229,9 +227,7 @@ class KubeFirstFit:
                 # finds none later either (speed only, same decisions).
                 if per >= no_fit.get(job.gpu_type, 1 << 30):
                     break
-                found = next(
-                    (n for n in idx.names if len(free[n]) >= per and idx.type[n] == job.gpu_type), None
-                )
+                found = next((n for n in idx.names if len(free[n]) >= per and idx.type[n] == job.gpu_type), None)
                 if found is None:
                     no_fit[job.gpu_type] = min(per, no_fit.get(job.gpu_type, 1 << 30))
                     break

@@ -40,9 +40,7 @@ def _parse_types(text: str) -> tuple[tuple[str, int], ...]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m scheduling.sim", description=__doc__)
-    p.add_argument(
-        "--trace", type=Path, default=DEFAULT_TRACE, help="trace CSV (default: bundled Philly month)"
-    )
+    p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="trace CSV (default: bundled Philly month)")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N jobs")
     p.add_argument("--nodes", type=int, nargs="+", default=[256], help="cluster sizes in nodes")
     p.add_argument("--gpus-per-node", type=int, default=8)

@@ -174,8 +174,7 @@ class Replay:
 
         teams = sorted({j.team for j in jobs} | set(team_weights))
         self.guarantees = {
-            gpu_type: scale_guarantees(dict(team_weights), teams, count)
-            for gpu_type, count in shape.gpus_of_type().items()
+            gpu_type: scale_guarantees(dict(team_weights), teams, count) for gpu_type, count in shape.gpus_of_type().items()
         }
         self.teams = {t: TeamTally(guarantee=sum(g[t] for g in self.guarantees.values())) for t in teams}
         self.weights = {t: float(team_weights.get(t, 0.0)) or 1.0 for t in teams}
@@ -189,6 +188,7 @@ class Replay:
         self.pending: dict[str, PendingJob] = {}
         self.running: dict[str, RunningJob] = {}
         self.events: list[tuple[float, int, int, str, int]] = []
+        self._ckpt_heap: list[tuple[float, str, int]] = []  # (next checkpoint, job, attempt)
         self._seq = 0
         self.placements: list[PlacementRecord] = []
         self.util_bins: dict[int, float] = {}
@@ -310,6 +310,8 @@ class Replay:
             submit_time=s.trace.submit_time,
         )
         self._push(self.now + s.remaining, _END, job_id, s.attempt)
+        if self.cfg.checkpoint_s > 0:
+            heappush(self._ckpt_heap, (self.now + self.cfg.checkpoint_s, job_id, s.attempt))
         nodes = [self.gpu_node[r[0]] for r in replicas]
         distinct = set(nodes)
         leaves = len({self.node_leaf[n] for n in distinct})
@@ -347,17 +349,17 @@ class Replay:
         return tuple(units)
 
     def _refresh_checkpoints(self) -> None:
+        """Move ``last_checkpoint`` of the running jobs whose next checkpoint has passed."""
         c = self.cfg.checkpoint_s
-        if c <= 0:
-            return
-        now = self.now
-        for job_id, r in self.running.items():
-            if r.terminating:
+        heap, now = self._ckpt_heap, self.now
+        while heap and heap[0][0] <= now:
+            _, job_id, attempt = heappop(heap)
+            r = self.running.get(job_id)
+            if r is None or r.terminating or self.states[job_id].attempt != attempt:
                 continue
             k = math.floor((now - r.start) / c)
-            ck = r.start + k * c if k > 0 else None
-            if ck != r.last_checkpoint:
-                self.running[job_id] = replace(r, last_checkpoint=ck)
+            self.running[job_id] = replace(r, last_checkpoint=r.start + k * c)
+            heappush(heap, (r.start + (k + 1) * c, job_id, attempt))
 
     def snapshot(self) -> Snapshot:
         return Snapshot(
@@ -387,9 +389,7 @@ class Replay:
         for pre in plan.preemptions:
             r = self.running.get(pre.job_id)
             if r is None or r.terminating:
-                raise PlanError(
-                    f"{self.name}: preempts {pre.job_id}, which is not running or already stopping"
-                )
+                raise PlanError(f"{self.name}: preempts {pre.job_id}, which is not running or already stopping")
             if any(pl.job_id == pre.job_id for pl in plan.placements):
                 raise PlanError(f"{self.name}: places and preempts {pre.job_id} in one plan")
             self.running[pre.job_id] = replace(r, terminating=True)

@@ -168,9 +168,7 @@ def gang_table(rows: list[Summary]) -> str:
     cols = " | ".join(f"{b} GPUs avg / median / p95 (s)" for b, _, _ in GANG_BUCKETS)
     out = f"| policy | {cols} |\n|---|" + "---:|" * len(GANG_BUCKETS) + "\n"
     for s in rows:
-        cells = " | ".join(
-            f"{_s(d.mean)} / {_s(d.median)} / {_s(d.p95)} (n={d.count:,})" for d in s.queue_by_gang.values()
-        )
+        cells = " | ".join(f"{_s(d.mean)} / {_s(d.median)} / {_s(d.p95)} (n={d.count:,})" for d in s.queue_by_gang.values())
         out += f"| {label(s)} | {cells} |\n"
     return out
 

@@ -14,9 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Round limits a user picks from (Slurm users type "4:00:00", "1-00:00:00", ...).
-_LIMIT_LADDER_S = tuple(
-    h * 3600 for h in (1, 2, 4, 8, 12, 24, 48, 72, 7 * 24, 14 * 24, 30 * 24, 60 * 24, 90 * 24)
-)
+_LIMIT_LADDER_S = tuple(h * 3600 for h in (1, 2, 4, 8, 12, 24, 48, 72, 7 * 24, 14 * 24, 30 * 24, 60 * 24, 90 * 24))
 
 
 @dataclass(frozen=True, slots=True)

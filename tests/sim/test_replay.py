@@ -29,14 +29,17 @@ def check_invariants(replay: Replay, plan: Plan) -> None:
             for gpu in replica:
                 assert gpu not in seen, f"GPU {gpu} in {seen.get(gpu)} and {job_id}"
                 seen[gpu] = job_id
+    c = replay.cfg.checkpoint_s
+    for running in replay.running.values():
+        if not running.terminating:
+            k = int((replay.now - running.start) // c)
+            assert running.last_checkpoint == (running.start + k * c if k > 0 else None)
     assert seen == replay.owner
     assert replay.busy == len(seen)
     assert not set(replay.pending) & set(replay.running)
 
 
-def replay_sample(
-    policy: Policy, *, nodes: int = 48, limit: int | None = None, observer: bool = True
-) -> Replay:
+def replay_sample(policy: Policy, *, nodes: int = 48, limit: int | None = None, observer: bool = True) -> Replay:
     jobs = load_trace(SAMPLE, limit=limit)
     return Replay(
         jobs,
