@@ -164,7 +164,11 @@ class Agent:
             "agent %s running with %d GPU(s)%s", __version__, len(self.gpus.gpus()), " (simulated)" if self.gpus.simulated else ""
         )
         while not self.stop_event.is_set():
-            self.step()
+            try:
+                self.step()
+            except Exception:
+                # The workloads outlive any one bug in a turn of the loop; the next turn retries.
+                self.log.exception("error in the agent loop")
             self.stop_event.wait(self.config.tick_s)
         self._save()
 
