@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,14 +18,19 @@ from pathlib import Path
 # The wrapper traps TERM/INT/HUP with a no-op so that, when the whole group is signalled, it outlives
 # the workload long enough to record its status (a trap runs only after the foreground command ends).
 # The workload itself gets default dispositions back: traps with commands are not inherited.
-_WRAPPER = 'trap ":" TERM INT HUP; /bin/sh -c "$1"; rc=$?; echo "$rc" > "$2.tmp" && mv "$2.tmp" "$2"; exit "$rc"'
+# The command runs under bash where there is one: `bash -c CMD` execs a simple command in place,
+# so the workload itself receives SIGTERM and its own exit status is reported. Debian's /bin/sh
+# (dash) forks instead, and the intermediate shell would die of the SIGTERM first (status 143)
+# even when the workload traps it, checkpoints and exits 0.
+_WRAPPER = 'trap ":" TERM INT HUP; "$3" -c "$1"; rc=$?; echo "$rc" > "$2.tmp" && mv "$2.tmp" "$2"; exit "$rc"'
+_COMMAND_SHELL = shutil.which("bash") or "/bin/sh"
 
 
 def spawn(*, command: str, env: dict[str, str], cwd: Path, log_path: Path, exit_file: Path) -> subprocess.Popen[bytes]:
     """Start `command` with /bin/sh in a new session, stdout and stderr appended to `log_path`."""
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            ["/bin/sh", "-c", _WRAPPER, "yard-task", command, str(exit_file)],
+            ["/bin/sh", "-c", _WRAPPER, "yard-task", command, str(exit_file), _COMMAND_SHELL],
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
