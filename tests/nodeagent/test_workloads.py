@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -120,6 +121,31 @@ def test_stop_sends_sigterm_and_a_trapping_workload_checkpoints_and_exits(
     assert (status["stopped_by"], status["stop_cause"], status["exit_code"]) == ("sigterm", "stop", 0)
     assert (ckpt / "step-10").read_text() == "saved\n"
     assert wait_gone(pid, timeout=2)
+
+
+def test_a_python_workload_trapping_sigterm_reports_its_own_exit_status(
+    portal: FakePortal, start_agent: StartAgent, tmp_path: Path
+) -> None:
+    # The common case: `python train.py`, no `exec`. The shell between agent and workload must not
+    # die of the SIGTERM first and hide the workload's clean exit behind status 143.
+    trainer = tmp_path / "train.py"
+    trainer.write_text(
+        "import os, signal, sys, time\n"
+        "def stop(*_):\n"
+        "    open(os.path.join(os.environ['YARD_CHECKPOINT_DIR'], 'ckpt'), 'w').write('saved')\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "while True: time.sleep(0.1)\n"
+    )
+    ckpt = tmp_path / "ckpt-dir"
+    spec = task_spec(12, f"{sys.executable} {trainer}", checkpoint_dir=str(ckpt), grace_s=20)
+    start_agent()
+    portal.set_desired("node-t1", [spec])
+    running_pid(portal, 12)
+    portal.set_desired("node-t1", [{**spec, "action": "stop", "stop_reason": "preempted"}])
+    status = exited_status(portal, 12)
+    assert (status["stopped_by"], status["exit_code"], status["signal"]) == ("sigterm", 0, None)
+    assert (ckpt / "ckpt").read_text() == "saved"
 
 
 def test_a_workload_ignoring_sigterm_is_killed_when_the_grace_ends(portal: FakePortal, start_agent: StartAgent) -> None:
