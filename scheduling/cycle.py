@@ -20,10 +20,10 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -31,7 +31,7 @@ from django.utils import timezone
 from scheduling.core.plan import plan
 from scheduling.core.types import Locality, Placement, Plan, Preemption, Snapshot
 from scheduling.models import Allocation, Gpu, Job, Node, SchedulerLease, Task
-from scheduling.selectors import snapshot_build
+from scheduling.selectors import snapshot_build, yard_number
 from scheduling.services import StaleState, job_request_stop, job_transition
 from scheduling.states import JobState, TaskState
 from tenants.services import audit
@@ -76,7 +76,7 @@ class CycleResult:
 
 
 def _lease_s() -> float:
-    return float(settings.YARD["CYCLE_LEASE_S"])
+    return yard_number("CYCLE_LEASE_S")
 
 
 def lease_claim(*, holder: str | None = None, now: datetime | None = None) -> Lease | None:
@@ -274,12 +274,12 @@ def _apply_reasons(plan_: Plan, *, placed: set[int]) -> int:
     return updated
 
 
-def _differs(job: Job, wanted: dict[str, object]) -> bool:
+def _differs(job: Job, wanted: Mapping[str, object]) -> bool:
     for name, value in wanted.items():
         current = getattr(job, name)
         if name == "estimated_start" and current is not None and value is not None:
             # a minute of drift in an estimate is not worth a write per job per cycle
-            if abs((current - value).total_seconds()) >= 60:  # type: ignore[operator]
+            if abs((current - value).total_seconds()) >= 60:
                 return True
         elif current != value:
             return True

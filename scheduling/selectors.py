@@ -10,10 +10,9 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, F, Q, QuerySet
@@ -25,9 +24,7 @@ from scheduling.core.types import Node as CoreNode
 from scheduling.models import Allocation, Gpu, Job, Node, NodeState, Task
 from scheduling.states import ACTIVE_STATES, TASK_LIVE_STATES, TERMINAL_STATES, JobState
 from tenants.models import OrgUnit, Quota
-from tenants.selectors import is_cluster_admin, teams_led, units_visible
-
-AnyUser = AbstractBaseUser | AnonymousUser
+from tenants.selectors import AnyUser, is_cluster_admin, teams_led, units_visible
 
 # --------------------------------------------------------------------------- jobs and access
 
@@ -95,7 +92,7 @@ def decayed_usage(*, now: datetime) -> dict[int, dict[str, float]]:
     cached: dict[int, dict[str, float]] | None = cache.get(_USAGE_CACHE_KEY)
     if cached is not None:
         return cached
-    half_life = float(settings.YARD["HALF_LIFE_S"])
+    half_life = yard_number("HALF_LIFE_S")
     horizon = now - timedelta(seconds=10 * half_life)
     rows = Allocation.objects.filter(Q(released_at__isnull=True) | Q(released_at__gte=horizon)).values_list(
         "job__team_id", "job__gpu_type", "allocated_at", "released_at"
@@ -234,12 +231,16 @@ def _quotas(now: datetime) -> tuple[QuotaUnit, ...]:
     return tuple(units)
 
 
+def yard_number(name: str) -> float:
+    """A number from settings.YARD (typed there as a plain dict)."""
+    return float(cast(float, settings.YARD[name]))
+
+
 def scheduler_config() -> Config:
-    yard = settings.YARD
     return Config(
-        half_life_s=float(yard["HALF_LIFE_S"]),
-        grace_period_s=float(yard["GRACE_PERIOD_S"]),
-        min_runtime_s=float(yard["MIN_RUNTIME_S"]),
+        half_life_s=yard_number("HALF_LIFE_S"),
+        grace_period_s=yard_number("GRACE_PERIOD_S"),
+        min_runtime_s=yard_number("MIN_RUNTIME_S"),
     )
 
 

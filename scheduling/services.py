@@ -22,6 +22,7 @@ from scheduling.core.admission import admit
 from scheduling.core.types import PendingJob, Verdict
 from scheduling.core.types import Tier as CoreTier
 from scheduling.models import Allocation, Job, JobEvent, JobKind, Node, Task
+from scheduling.selectors import snapshot_build, unit_key, yard_number
 from scheduling.states import ACTIVE_STATES, TASK_LIVE_STATES, TERMINAL_STATES, JobState, TaskState, check_transition
 from tenants.models import OrgUnit
 from tenants.services import audit
@@ -153,6 +154,10 @@ def _kick_cycle() -> None:
 # --------------------------------------------------------------------------- submit
 
 
+def _default_time_limit() -> int:
+    return int(yard_number("DEFAULT_TIME_LIMIT_S"))
+
+
 def _team_dir(team: OrgUnit) -> PurePosixPath:
     return PurePosixPath(str(settings.YARD["CHECKPOINT_ROOT"])) / team.slug
 
@@ -216,8 +221,6 @@ def _validate_spec(*, user: User, spec: JobSpec) -> None:
 
 
 def _pending_job_for(spec: JobSpec, *, job_id: str, now: datetime) -> PendingJob:
-    from scheduling.selectors import unit_key
-
     return PendingJob(
         job_id=job_id,
         team=unit_key(spec.team.pk),
@@ -226,14 +229,12 @@ def _pending_job_for(spec: JobSpec, *, job_id: str, now: datetime) -> PendingJob
         gpus_per_replica=spec.gpus_per_replica,
         gpu_type=spec.gpu_type,
         submit_time=now.timestamp(),
-        time_limit=float(spec.time_limit_s or settings.YARD["DEFAULT_TIME_LIMIT_S"]),
+        time_limit=float(spec.time_limit_s or _default_time_limit()),
         priority=spec.priority,
     )
 
 
 def _admission(spec: JobSpec, *, now: datetime) -> Verdict:
-    from scheduling.selectors import snapshot_build
-
     return admit(snapshot_build(now=now), _pending_job_for(spec, job_id="new", now=now), now=now.timestamp())
 
 
@@ -254,7 +255,7 @@ def _same_spec(job: Job, spec: JobSpec) -> bool:
         and job.gpu_type == spec.gpu_type
         and job.command == spec.command
         and job.env == dict(spec.env)
-        and job.time_limit_s == (spec.time_limit_s or settings.YARD["DEFAULT_TIME_LIMIT_S"])
+        and job.time_limit_s == (spec.time_limit_s or _default_time_limit())
         and (not spec.checkpoint_dir or job.checkpoint_dir == posixpath.normpath(spec.checkpoint_dir))
         and job.priority == spec.priority
         and job.cpus_per_replica == spec.cpus_per_replica
@@ -310,7 +311,7 @@ def _create_job(*, user: User, spec: JobSpec, key: str | None, copied_from: Job 
         memory_mb_per_replica=spec.memory_mb_per_replica,
         command=spec.command,
         env=dict(spec.env),
-        time_limit_s=spec.time_limit_s or settings.YARD["DEFAULT_TIME_LIMIT_S"],
+        time_limit_s=spec.time_limit_s or _default_time_limit(),
         priority=spec.priority,
         submitted_at=now,
         state_changed_at=now,
@@ -363,7 +364,7 @@ def job_request_stop(
     if reason not in STOP_REASONS:
         raise ValueError(f"unknown stop reason {reason!r}; one of {', '.join(STOP_REASONS)}")
     now = timezone.now()
-    grace = round(grace_s if grace_s is not None else float(settings.YARD["GRACE_PERIOD_S"]))
+    grace = round(grace_s if grace_s is not None else yard_number("GRACE_PERIOD_S"))
     label = _label(actor, actor_label)
     ordered = Job.objects.filter(pk=job.pk, attempt=job.attempt, state__in=ACTIVE_STATES, stop_requested_at__isnull=True).update(
         stop_requested_at=now, stop_reason=reason, stop_grace_s=grace

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from rest_framework.request import Request
@@ -21,7 +21,8 @@ class TokenRateThrottle(SimpleRateThrottle):
     scope = "token"
 
     def get_rate(self) -> str | None:
-        return settings.REST_FRAMEWORK.get("DEFAULT_THROTTLE_RATES", {}).get(self.scope)
+        rates = cast(dict[str, Any], settings.REST_FRAMEWORK).get("DEFAULT_THROTTLE_RATES", {})
+        return cast(str | None, rates.get(self.scope))
 
     def allow_request(self, request: Request, view: Any) -> bool:
         self.rate = self.get_rate()

@@ -20,7 +20,7 @@ class TeamRefField(serializers.CharField):
     """A team by id or slug (CI scripts know slugs; the UI knows ids)."""
 
 
-class JobSubmitIn(serializers.Serializer):
+class JobSubmitIn(serializers.Serializer[Any]):
     name = serializers.CharField(max_length=200, validators=_NO_NUL)
     team = TeamRefField(max_length=100, validators=_NO_NUL, help_text="Team id or slug")
     tier = serializers.ChoiceField(choices=Tier.choices, default=Tier.RESEARCH)
@@ -37,7 +37,7 @@ class JobSubmitIn(serializers.Serializer):
     priority = serializers.IntegerField(min_value=-1000, max_value=1000, default=0)
 
 
-class NotebookSubmitIn(serializers.Serializer):
+class NotebookSubmitIn(serializers.Serializer[Any]):
     name = serializers.CharField(max_length=200, validators=_NO_NUL)
     team = TeamRefField(max_length=100, validators=_NO_NUL, help_text="Team id or slug")
     tier = serializers.ChoiceField(choices=Tier.choices, default=Tier.RESEARCH)
@@ -46,7 +46,7 @@ class NotebookSubmitIn(serializers.Serializer):
     time_limit_s = serializers.IntegerField(min_value=60, max_value=MAX_TIME_LIMIT_S, required=False, allow_null=True)
 
 
-class JobListFilterIn(serializers.Serializer):
+class JobListFilterIn(serializers.Serializer[Any]):
     state = serializers.MultipleChoiceField(choices=JobState.choices, required=False, help_text="One or more, comma-separated")
     team = TeamRefField(max_length=100, required=False, validators=_NO_NUL, help_text="Team id or slug")
     user = serializers.CharField(max_length=150, required=False, validators=_NO_NUL, help_text="Username")
@@ -62,7 +62,7 @@ class JobListFilterIn(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-class JobLogsIn(serializers.Serializer):
+class JobLogsIn(serializers.Serializer[Any]):
     rank = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, default=0)
     attempt = serializers.IntegerField(min_value=1, max_value=1_000_000, required=False)
     offset = serializers.IntegerField(min_value=0, max_value=2**62, required=False, help_text="Text from this byte on")
@@ -77,13 +77,13 @@ class JobLogsIn(serializers.Serializer):
 # --------------------------------------------------------------------------- output
 
 
-class TeamRefOut(serializers.Serializer):
+class TeamRefOut(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     slug = serializers.CharField()
     name = serializers.CharField()
 
 
-class JobOut(serializers.ModelSerializer):
+class JobOut(serializers.ModelSerializer[Any]):
     team = TeamRefOut()
     user = serializers.CharField(source="user.username")
     gpus = serializers.IntegerField(source="gpu_count")
@@ -97,7 +97,7 @@ class JobOut(serializers.ModelSerializer):
         ]  # fmt: skip
 
 
-class TaskOut(serializers.ModelSerializer):
+class TaskOut(serializers.ModelSerializer[Any]):
     node = serializers.CharField(source="node.name")
     leaf = serializers.CharField(source="node.leaf.name")
     gpu_indexes = serializers.SerializerMethodField()
@@ -113,7 +113,7 @@ class TaskOut(serializers.ModelSerializer):
         return sorted(a.gpu.index for a in task.allocations.all())
 
 
-class EventOut(serializers.ModelSerializer):
+class EventOut(serializers.ModelSerializer[Any]):
     class Meta:
         model = JobEvent
         fields = ["time", "attempt", "from_state", "to_state", "reason", "actor_label"]
@@ -143,7 +143,7 @@ class JobDetailOut(JobOut):
         return next((t.notebook_url for t in job.tasks.all() if t.attempt == job.attempt and t.notebook_url), None)
 
 
-class JobLogsOut(serializers.Serializer):
+class JobLogsOut(serializers.Serializer[Any]):
     job = serializers.IntegerField()
     rank = serializers.IntegerField()
     attempt = serializers.IntegerField()
@@ -153,7 +153,7 @@ class JobLogsOut(serializers.Serializer):
     text = serializers.CharField(allow_blank=True)
 
 
-class QuotaLineOut(serializers.Serializer):
+class QuotaLineOut(serializers.Serializer[Any]):
     gpu_type = serializers.CharField()
     guaranteed = serializers.IntegerField()
     limit = serializers.IntegerField(allow_null=True)
@@ -161,18 +161,18 @@ class QuotaLineOut(serializers.Serializer):
     borrowed = serializers.IntegerField()
 
 
-class TeamQuotaOut(serializers.Serializer):
+class TeamQuotaOut(serializers.Serializer[Any]):
     team = TeamRefOut()
     quotas = QuotaLineOut(many=True)
 
 
-class MembershipOut(serializers.Serializer):
+class MembershipOut(serializers.Serializer[Any]):
     unit = TeamRefOut()
     kind = serializers.CharField()
     role = serializers.CharField()
 
 
-class MeOut(serializers.Serializer):
+class MeOut(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     username = serializers.CharField()
     is_cluster_admin = serializers.BooleanField()
