@@ -9,7 +9,7 @@ end times instead of searching after every single end.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from scheduling.core.index import FreeState
 from scheduling.core.placement import Fit, find
@@ -17,8 +17,7 @@ from scheduling.core.placement import Fit, find
 Loc = tuple[int, int]
 
 
-@dataclass(frozen=True, slots=True)
-class Release:
+class Release(NamedTuple):
     end: float
     job_id: str
     locs: tuple[Loc, ...]

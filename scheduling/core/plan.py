@@ -71,7 +71,7 @@ class _Planner:
         self.running = tuple(sorted(snapshot.running, key=lambda j: j.job_id))
         gpu_loc = self.ix.gpu_loc
         # Each running job's GPUs as (node index, position), computed once for every use below.
-        self.locs = {j.job_id: tuple(gpu_loc[g] for r in j.replicas for g in r if g in gpu_loc) for j in self.running}
+        self.locs = {j.job_id: _locs(gpu_loc, j.replicas) for j in self.running}
         self.st = FreeState(self.ix, (loc for locs in self.locs.values() for loc in locs))
         self.quota = QuotaState(snapshot.quotas, self.running)
         self.borrowed = borrowed_running(snapshot.quotas, self.running)
@@ -91,6 +91,8 @@ class _Planner:
         self._reclaim_fails: set[tuple[Tier, str, str, int, int]] = set()
         self._reason_cache: dict[tuple[str, int, int], str] = {}
         self._never: dict[tuple[str, int, int], str | None] = {}
+        self._blocked_cache: dict[tuple[str, int, int, int, int], str] = {}
+        self._held_version = 0  # bumped whenever a backfill reservation's held GPUs change
         self._strict_block: dict[str, str] = {}  # backfill off: type -> first blocked job
         self._lend_fails: dict[tuple[str, int, tuple[str, ...]], int] = {}
 
@@ -175,8 +177,10 @@ class _Planner:
             self._lend_fails[key] = min(job.replicas, failed) if failed is not None else job.replicas
         used = {(ni, p) for ni, positions in fit.replicas for p in positions} if fit else set()
         self.st.take_locs(loc for loc in lent if loc not in used)
-        for h in usable:
-            h.free_now -= used
+        if used:
+            for h in usable:
+                h.free_now -= used
+            self._held_version += 1
         return fit
 
     def _place(self, job: PendingJob, fit: Fit) -> None:
@@ -266,6 +270,7 @@ class _Planner:
         start, fit = found
         base = self._shape_reason(job)  # before the hold changes what is free
         free_now = self._hold(fit)
+        self._held_version += 1
         self.held.append(_Held(job.job_id, job.gpu_type, start, fit.domain, tuple(sorted(free_now)), free_now))
         self.reservations.append(Reservation(job.job_id, fit.domain, start, fit.gpu_ids(self.ix)))
         self.estimated[job.job_id] = start
@@ -281,6 +286,14 @@ class _Planner:
         return self._reason_cache[key]
 
     def _blocked_reason(self, job: PendingJob) -> str:
+        # Many queued jobs share a shape; the text only changes when GPUs or holds do.
+        key = (job.gpu_type, job.replicas, job.gpus_per_replica, self.st.type_free.get(job.gpu_type, 0), self._held_version)
+        text = self._blocked_cache.get(key)
+        if text is None:
+            text = self._blocked_cache[key] = self._blocked_text(job)
+        return text
+
+    def _blocked_text(self, job: PendingJob) -> str:
         same_type = [h for h in self.held if h.gpu_type == job.gpu_type]
         if not same_type:
             return self._shape_reason(job)
@@ -291,3 +304,11 @@ class _Planner:
         if held_free and self.st.type_free.get(job.gpu_type, 0) + held_free >= job.gpu_count:
             return f"{behind}; it would fit now only on GPUs held for that job"
         return f"{behind}; {self._shape_reason(job)}"
+
+
+def _locs(gpu_loc: dict[str, Loc], replicas: tuple[tuple[str, ...], ...]) -> tuple[Loc, ...]:
+    """(node index, position) of each GPU; GPUs the topology lacks (a removed node) are skipped."""
+    try:
+        return tuple([gpu_loc[g] for r in replicas for g in r])
+    except KeyError:
+        return tuple([gpu_loc[g] for r in replicas for g in r if g in gpu_loc])

@@ -12,6 +12,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import itemgetter
+from typing import NamedTuple
 
 from scheduling.core.index import NODE, FreeState, TopoIndex
 from scheduling.core.placement import Fit, find
@@ -23,16 +25,14 @@ Loc = tuple[int, int]
 TERMINATING, SPOT_BORROWED, SPOT, RESEARCH_BORROWED, RESEARCH = range(5)
 
 
-@dataclass(frozen=True, slots=True)
-class Candidate:
+class Candidate(NamedTuple):
+    # A NamedTuple, not a frozen dataclass: one is built per running job per plan, and
+    # frozen dataclasses are several times slower to construct.
+    key: tuple[int, float, float, str]  # preference order: class, work lost, newest first, id
     job: RunningJob
     cls: int
     work_lost: float  # GPU-seconds since the last checkpoint (or the start)
     locs: tuple[Loc, ...]
-
-    @property
-    def key(self) -> tuple[int, float, float, str]:
-        return (self.cls, self.work_lost, -self.job.start, self.job.job_id)
 
 
 def candidates(
@@ -55,9 +55,10 @@ def candidates(
             cls = RESEARCH_BORROWED if borrowed.get(job.job_id) else RESEARCH
         since = max(job.start, job.last_checkpoint if job.last_checkpoint is not None else job.start)
         work_lost = max(now - since, 0.0) * sum(map(len, job.replicas))
-        out.setdefault(job.gpu_type, []).append(Candidate(job, cls, work_lost, locs[job.job_id]))
+        key = (cls, work_lost, -job.start, job.job_id)
+        out.setdefault(job.gpu_type, []).append(Candidate(key, job, cls, work_lost, locs[job.job_id]))
     for cands in out.values():
-        cands.sort(key=lambda c: c.key)
+        cands.sort(key=itemgetter(0))
     return out
 
 
@@ -98,6 +99,7 @@ class Reclaimer:
         self.by_type = candidates(running, locs, borrowed, config, now)
         self.on_node: dict[int, list[tuple[Candidate, int]]] = {}
         self.gpus_of_type: dict[str, int] = {}
+        self.classes = {gpu_type: {c.cls for c in cands} for gpu_type, cands in self.by_type.items()}
         for gpu_type, cands in self.by_type.items():
             self.gpus_of_type[gpu_type] = sum(len(c.locs) for c in cands)
             for c in cands:  # preference order is kept per node
@@ -157,8 +159,11 @@ class Reclaimer:
         victims, which every preemptor may take, are searched first; only when no node can be
         freed with them are the preemptor's other possible victims considered.
         """
-        chosen = self._best_node(st, job, "spot")
-        if chosen is None:
+        classes = self.classes.get(job.gpu_type, set())
+        chosen = None
+        if classes & {TERMINATING, SPOT_BORROWED, SPOT}:
+            chosen = self._best_node(st, job, "spot")
+        if chosen is None and classes & {RESEARCH_BORROWED, RESEARCH}:
             chosen = self._best_node(st, job, "tier-1" if job.tier == Tier.PRODUCTION else f"team:{job.team}")
         return self._trial(st, job, chosen) if chosen is not None else None
 
