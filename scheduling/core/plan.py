@@ -30,9 +30,10 @@ def plan(snapshot: Snapshot, *, now: float) -> Plan:
     Contract:
     - Pure and deterministic: no clock, no I/O, no randomness; the same snapshot and ``now``
       give the same plan, whatever the order of the snapshot's tuples.
-    - Pending jobs are taken in order: Tier 1, 2, 3; within a tier, teams in hierarchical
-      fair-share order (``fairshare.team_order``); within a team, priority (high first),
-      then submit time, then job_id.
+    - Pending jobs are taken in order: Tier 1, 2, 3; within a tier, work within its team's
+      guarantee before work that would borrow, then teams in hierarchical fair-share order
+      (``fairshare.team_order``); within a team, priority (high first), then submit time,
+      then job_id.
     - A gang is placed whole or not at all, in the lowest topology domain that holds it,
       best fit (``placement.find``), on GPUs free of running jobs, of this plan's
       placements and of reservations; never beyond a limit of its team or an ancestor;
@@ -111,11 +112,30 @@ class _Planner:
         )
 
     def _ordered(self) -> list[PendingJob]:
+        """Tier; then work within its team's guarantee before work that would borrow; then fair share;
+        then priority, submit time, job id.
+
+        Guaranteed work goes first inside a tier so that a reclaim is not undone by the next cycle:
+        the GPUs a preemptor freed would otherwise go to a borrower ranked above it by fair share,
+        and it would preempt again.
+        """
         rank = team_order(self.snap.quotas, self.ix.type_total)
         last = len(rank)
+
+        def within_team(j: PendingJob) -> tuple[int, int, float, str]:
+            return (j.tier, -j.priority, j.submit_time, j.job_id)
+
+        # A team's jobs use its guarantee in the team's own order; the first that would not fit borrows.
+        in_guarantee: set[str] = set()
+        queued: dict[tuple[str, str], int] = {}
+        for j in sorted(self.snap.pending, key=within_team):
+            key = (j.team, j.gpu_type)
+            queued[key] = queued.get(key, 0) + j.gpu_count
+            if self.quota.within_guarantee(j.team, j.gpu_type, queued[key]):
+                in_guarantee.add(j.job_id)
         return sorted(
             self.snap.pending,
-            key=lambda j: (j.tier, rank.get(j.team, last), j.team, -j.priority, j.submit_time, j.job_id),
+            key=lambda j: (j.tier, j.job_id not in in_guarantee, rank.get(j.team, last), j.team, *within_team(j)[1:]),
         )
 
     def _one(self, job: PendingJob) -> None:

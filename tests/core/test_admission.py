@@ -63,7 +63,7 @@ def test_job_that_must_wait_is_told_how_long():
 
 def test_job_queued_behind_another_reservation_is_told_so():
     full = [running(f"r{i}", [gpu_ids(TOPO, f"n00{i}")], team="other", time_limit=2400.0 * (i + 1)) for i in range(4)]
-    quotas = quota_tree({"vision": {"H100": 16}, "other": {"H100": 16}})
+    quotas = quota_tree({"vision": {}, "other": {"H100": 16}})
     queued = pending("first", 1, 8, team="other", submit_time=-10.0)
     snap = snapshot(TOPO, running=full, pending=[queued], quotas=quotas)
     verdict = admit(snap, pending("j", 1, 8, team="vision", time_limit=99_999.0), now=0.0)

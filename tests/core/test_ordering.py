@@ -101,3 +101,24 @@ def test_gpu_types_are_planned_independently():
     jobs = [pending("h1"), pending("h2"), pending("a1", gpu_type="A100", submit_time=5.0)]
     result = plan(snapshot(topo, pending=jobs), now=0.0)
     assert {p.job_id for p in result.placements} == {"h1", "a1"}
+
+
+def test_work_within_guarantee_goes_before_borrowing_work_of_a_lighter_team():
+    quotas = quota_tree(
+        {"owner": {"H100": 8}, "light": {}},
+        usage={"owner": {"H100": 1e6}, "light": {"H100": 0.0}},
+    )
+    jobs = [pending("borrow", team="light"), pending("mine", team="owner", submit_time=50.0)]
+    assert winner(jobs, quotas) == "mine"
+
+
+def test_only_the_jobs_that_fit_the_guarantee_count_as_within_it():
+    quotas = quota_tree({"owner": {"H100": 8}, "light": {}}, usage={"owner": {"H100": 1e6}})
+    jobs = [
+        pending("mine-1", 1, 4, team="owner"),
+        pending("mine-2", 1, 4, team="owner", submit_time=1.0),
+        pending("mine-3", 1, 4, team="owner", submit_time=2.0),
+        pending("borrow", 1, 4, team="light", submit_time=3.0),
+    ]
+    result = plan(snapshot(cluster(nodes_per_leaf=1, gpus_per_node=12), pending=jobs, quotas=quotas), now=0.0)
+    assert {p.job_id for p in result.placements} == {"mine-1", "mine-2", "borrow"}
