@@ -30,9 +30,14 @@ def _notebook(request: HttpRequest, pk: int) -> Job:
 
 
 def _server_url(job: Job) -> str:
-    """The running Jupyter server's URL with its token, as the agent reported it; "" until it runs."""
+    """The Jupyter server's URL with its token, once the agent's probe of the server got an answer; else "".
+
+    The agent reports the URL as soon as it starts the server, and ``notebook_kernel_busy`` (true or
+    false) only while the server answers its probe: offering the link before then would open a refused
+    connection.
+    """
     task = (
-        Task.objects.filter(job=job, attempt=job.attempt, state=TaskState.RUNNING)
+        Task.objects.filter(job=job, attempt=job.attempt, state=TaskState.RUNNING, notebook_kernel_busy__isnull=False)
         .exclude(notebook_url="")
         .only("notebook_url")
         .first()

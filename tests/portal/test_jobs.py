@@ -293,9 +293,7 @@ def test_copy_and_edit_of_another_tenants_job_is_404(client, cast):
 
 def test_save_as_template_then_start_from_it(client, cast):
     client.force_login(cast.ann)
-    client.post(
-        reverse("job-submit"), {**_submit_data(cast, name="nightly"), "save_template": "1", "title": "nightly eval"}
-    )
+    client.post(reverse("job-submit"), {**_submit_data(cast, name="nightly"), "save_template": "1", "title": "nightly eval"})
     template = JobTemplate.objects.get(user=cast.ann)
     form = client.get(reverse("job-submit"), {"template": template.pk}).context["form"]
     assert form.initial["name"] == "nightly" and not Job.objects.exists()

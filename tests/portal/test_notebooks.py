@@ -12,10 +12,12 @@ HTMX = {"HTTP_HX_REQUEST": "true"}
 URL = "http://127.0.0.1:8888/lab?token=s3cret"
 
 
-def _running_notebook(cast, user):
+def _running_notebook(cast, user, *, answering=True):
     job = make_job(team=cast.org.team_a, user=user, kind=JobKind.NOTEBOOK, state=JobState.RUNNING)
     node = Gpu.objects.first().node
-    Task.objects.create(job=job, attempt=1, rank=0, node=node, state="RUNNING", notebook_url=URL)
+    # The agent reports kernel_busy (true or false) only while the server answers its probe.
+    busy = False if answering else None
+    Task.objects.create(job=job, attempt=1, rank=0, node=node, state="RUNNING", notebook_url=URL, notebook_kernel_busy=busy)
     return job
 
 
@@ -33,6 +35,13 @@ def test_owner_sees_open_and_is_redirected_to_the_server_with_its_token(client, 
     assert b"Open notebook" in client.get(reverse("notebook", args=[job.pk])).content
     response = client.get(reverse("notebook-open", args=[job.pk]))
     assert response.status_code == 302 and response["Location"] == URL
+
+
+def test_open_is_not_offered_before_the_server_answers(client, cast):
+    job = _running_notebook(cast, cast.ann, answering=False)
+    client.force_login(cast.ann)
+    assert b"Open notebook" not in client.get(reverse("notebook", args=[job.pk])).content
+    assert client.get(reverse("notebook-open", args=[job.pk]))["Location"] == reverse("notebook", args=[job.pk])
 
 
 def test_teammate_neither_sees_nor_opens_the_notebook(client, cast):
