@@ -50,7 +50,8 @@ def test_submit_a_two_replica_job_and_follow_it_to_completed_with_its_log(
     page.get_by_label("Replicas:", exact=True).fill("2")
     page.get_by_label("GPUs per replica:", exact=True).fill("4")
     page.get_by_label("Command:", exact=True).fill(script(cluster.root, "train", TRAIN))
-    expect(page.locator("#preview .verdict.ok")).to_be_visible()
+    expect(page.locator("#preview .verdict.ok")).to_contain_text("fits now")
+    screenshot(page, "submit")
     page.get_by_role("button", name="Submit job").click()
 
     expect(page.locator("#job-state")).to_have_text("Pending")
@@ -71,6 +72,9 @@ def test_submit_a_two_replica_job_and_follow_it_to_completed_with_its_log(
     expect(page.locator("#job-state")).to_have_text("Completed", timeout=POLL_MS)
     expect(page.locator("#log")).to_contain_text("rank 0 done")
     expect(page.locator(".timeline")).to_contain_text("RUNNING")
+    nav(page, "Jobs")
+    expect(page.locator("#results")).to_contain_text("two-ranks")
+    screenshot(page, "jobs")
 
 
 def test_launch_a_notebook_open_it_and_stop_it(page: Page, live_server, cluster: Cluster, people: People):
@@ -79,6 +83,7 @@ def test_launch_a_notebook_open_it_and_stop_it(page: Page, live_server, cluster:
     page.get_by_label("GPUs:", exact=True).fill("1")
     page.get_by_role("button", name="Launch notebook").click()
     expect(page.locator("#open-notebook")).to_be_visible(timeout=60_000)
+    screenshot(page, "notebook")
 
     with page.context.expect_page() as opened:
         page.locator("#open-notebook").click()
