@@ -53,13 +53,12 @@ def plan(snapshot: Snapshot, *, now: float) -> Plan:
 
 @dataclass(slots=True)
 class _Held:
-    """A reservation in progress: its GPUs, and which of them are free now (held out of the pool)."""
+    """A backfill reservation in this plan, and which of its GPUs are free now (held out of the pool)."""
 
     job_id: str
     gpu_type: str
     start: float
     domain: str
-    locs: tuple[Loc, ...]
     free_now: set[Loc] = field(default_factory=set)
 
 
@@ -291,7 +290,7 @@ class _Planner:
         base = self._shape_reason(job)  # before the hold changes what is free
         free_now = self._hold(fit)
         self._held_version += 1
-        self.held.append(_Held(job.job_id, job.gpu_type, start, fit.domain, tuple(sorted(free_now)), free_now))
+        self.held.append(_Held(job.job_id, job.gpu_type, start, fit.domain, free_now))
         self.reservations.append(Reservation(job.job_id, fit.domain, start, fit.gpu_ids(self.ix)))
         self.estimated[job.job_id] = start
         self.reasons[job.job_id] = f"{base}; reserved {fit.domain}, earliest {reasons.relative(start - self.now)}"
