@@ -96,6 +96,8 @@ def dashboard(request: HttpRequest) -> HttpResponse:
         .select_related("team")
         .order_by("-submitted_at")[:MAX_JOBS]
     )
+    if request.htmx:  # type: ignore[attr-defined]  # the poll refreshes the job list only
+        return render(request, "portal/dashboard.html#live-jobs", {"live_jobs": live})
     teams = [
         (team, [QuotaBar(gpu_type, **usage) for gpu_type, usage in sorted(team_quota_usage(team=team).items())])
         for team in _my_teams(user)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from scheduling.models import JobKind
+from scheduling.models import Allocation, JobKind, Node, Task
 from tests.factories import make_job
 
 ROLES = ["ann", "lea", "oli", "cat", "zed"]
@@ -53,3 +53,21 @@ def test_notebook_list_shows_only_my_notebooks(client, cast):
     client.force_login(cast.ann)
     body = client.get(reverse("notebooks")).content.decode()
     assert "anns-notebook" in body and "leas-notebook" not in body
+
+
+def test_dashboard_shows_a_team_over_its_guarantee(client, cast):
+    job = make_job(team=cast.org.team_b, user=cast.ben, state="RUNNING", replicas=2, gpus_per_replica=6)
+    for rank, node in enumerate(Node.objects.order_by("name")[:2]):
+        task = Task.objects.create(job=job, attempt=1, rank=rank, node=node, state="RUNNING")
+        for gpu in node.gpus.all()[:6]:
+            Allocation.objects.create(gpu=gpu, task=task, job=job, attempt=1, borrowed=rank == 1)
+    client.force_login(cast.ben)
+    body = client.get(reverse("dashboard")).content.decode()
+    assert "12 in use of 8 guaranteed, limit 16" in body and "4 over guarantee" in body
+    assert "6 borrowed (reclaimable)" in body
+
+
+def test_dashboard_poll_returns_only_the_job_list(client, cast):
+    client.force_login(cast.ann)
+    body = client.get(reverse("dashboard"), HTTP_HX_REQUEST="true").content.decode()
+    assert 'id="live-jobs"' in body and "<html" not in body and "quota" not in body
