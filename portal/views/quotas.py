@@ -24,7 +24,7 @@ from portal.forms import QuotaForm, UnitCreateForm, UnitMoveForm
 from portal.views.common import add_service_errors, signed_in
 from tenants.models import AuditEntry, OrgUnit, Quota, UnitKind
 from tenants.selectors import access_unit_admin, admin_roots, units_administered, units_visible
-from tenants.services import quota_set, unit_create, unit_delete, unit_move
+from tenants.services import guarantees_sum, quota_set, unit_create, unit_delete, unit_move
 
 HISTORY_LENGTH = 40
 
@@ -132,7 +132,9 @@ def quota_edit(request: HttpRequest, unit_id: int, gpu_type: str) -> HttpRespons
     unit = access_unit_admin(user=request.user, pk=unit_id)
     quota = Quota.objects.filter(unit=unit, gpu_type=gpu_type).first()
     form = _quota_form(quota, request.POST)
-    cell = Cell(unit, gpu_type, quota, editable=True, form=form)
+    cell = Cell(
+        unit, gpu_type, quota, editable=True, children_guaranteed=guarantees_sum(parent=unit, gpu_type=gpu_type), form=form
+    )
     if form.is_valid():
         try:
             cell.quota = quota_set(

@@ -127,3 +127,9 @@ def test_removing_a_unit_with_children_says_why(client, cast):
     client.force_login(cast.cat)
     response = client.post(reverse("unit-remove", args=[cast.org.dept.pk]), follow=True)
     assert "still has units under it" in response.content.decode()
+
+
+def test_saved_cell_still_says_what_the_children_hold(client, cast):
+    client.force_login(cast.oli)
+    body = _edit(client, cast.org.dept, 30, **HTMX).content.decode()
+    assert "Saved" in body and "children hold 24" in body
