@@ -233,7 +233,9 @@ def _apply_preemption(preemption: Preemption) -> bool:
     if job is None or job.stop_requested_at is not None:
         return False
     try:
-        job = job_request_stop(job=job, reason="PREEMPTED", grace_s=preemption.grace_s, actor_label="scheduler")
+        job = job_request_stop(
+            job=job, reason="PREEMPTED", grace_s=preemption.grace_s, actor_label="scheduler", note=preemption.reason
+        )
     except StaleState:
         return False
     audit(

@@ -346,17 +346,35 @@ def _create_job(*, user: User, spec: JobSpec, key: str | None, copied_from: Job 
 # --------------------------------------------------------------------------- stop, cancel, requeue
 
 
-def _stop_tasks(job: Job) -> None:
-    Task.objects.filter(job=job, attempt=job.attempt, state__in=(TaskState.ASSIGNED, TaskState.RUNNING)).update(
-        state=TaskState.STOPPING
-    )
+def _stop_tasks(job: Job, now: datetime) -> None:
+    """Running ranks are told to stop; ranks never started end at once, and the job settles if none is left.
+
+    An agent treats "stop" for a task it never started as a no-op and so never reports it
+    (docs/agent-api.md): left STOPPING, such a rank would hold its GPUs forever. Ending it here
+    drops it from the agent's `desired`, so a start that raced with this is fenced within seconds.
+    """
+    Task.objects.filter(job=job, attempt=job.attempt, state=TaskState.RUNNING).update(state=TaskState.STOPPING)
+    unstarted = list(Task.objects.filter(job=job, attempt=job.attempt, state=TaskState.ASSIGNED).values_list("pk", flat=True))
+    if unstarted:
+        Task.objects.filter(pk__in=unstarted).update(state=TaskState.EXITED, ended_at=now)
+        _release(unstarted, now)
+    if not Task.objects.filter(job=job, attempt=job.attempt, state__in=TASK_LIVE_STATES).exists():
+        _settle(job)
 
 
 @transaction.atomic
 def job_request_stop(
-    *, job: Job, reason: str, grace_s: float | None = None, actor: User | None = None, actor_label: str | None = None
+    *,
+    job: Job,
+    reason: str,
+    grace_s: float | None = None,
+    actor: User | None = None,
+    actor_label: str | None = None,
+    note: str = "",
 ) -> Job:
     """Order a running gang to stop (SIGTERM, ``grace_s``, SIGKILL by its agents); the job settles when its tasks exit.
+
+    ``note`` (optional) says why in the job's event, e.g. the scheduler's preemption reason.
 
     Conditional: a job already told to stop is returned unchanged (two reapers never stop it
     twice) — except that a cancel overrides a preemption in progress, so it ends CANCELLED.
@@ -379,12 +397,13 @@ def job_request_stop(
         job.refresh_from_db()
         return job
     job.refresh_from_db()
-    text = f"stop ordered ({reason}, grace {grace} s)"
+    text = f"stop ordered ({reason}, grace {grace} s)" + (f": {note}" if note else "")
     if reason == "PREEMPTED" and job.state != JobState.PREEMPTING:
         job_transition(job=job, to=JobState.PREEMPTING, reason=text, actor=actor, actor_label=label)
     else:
         _note(job, text, actor=actor, actor_label=label)
-    _stop_tasks(job)
+    _stop_tasks(job, now)
+    job.refresh_from_db()
     return job
 
 

@@ -13,6 +13,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("notebooks", views.NotebookListCreateView.as_view(), name="notebooks"),
     path("notebooks/<int:pk>", views.NotebookDetailView.as_view(), name="notebook"),
     path("notebooks/<int:pk>/stop", views.NotebookStopView.as_view(), name="notebook-stop"),
+    path("notebooks/<int:pk>/logs", views.NotebookLogsView.as_view(), name="notebook-logs"),
     path("teams/<int:pk>/quota", views.TeamQuotaView.as_view(), name="team-quota"),
     path("me", views.MeView.as_view(), name="me"),
 ]

@@ -230,18 +230,17 @@ class NotebookStopView(JobCancelView):
         return super().post(request, pk)
 
 
+_LOG_PARAMS = [
+    ID_PARAM,
+    OpenApiParameter("rank", OpenApiTypes.INT, description="Rank (default 0)"),
+    OpenApiParameter("attempt", OpenApiTypes.INT, description="Attempt (default the current one)"),
+    OpenApiParameter("offset", OpenApiTypes.INT, description="Text from this byte; follow with next_offset"),
+    OpenApiParameter("tail", OpenApiTypes.INT, description="The last N lines (at most 10000)"),
+]
+
+
 class JobLogsView(_JobItem):
-    @extend_schema(
-        operation_id="jobs_logs",
-        parameters=[
-            ID_PARAM,
-            OpenApiParameter("rank", OpenApiTypes.INT, description="Rank (default 0)"),
-            OpenApiParameter("attempt", OpenApiTypes.INT, description="Attempt (default the current one)"),
-            OpenApiParameter("offset", OpenApiTypes.INT, description="Text from this byte; follow with next_offset"),
-            OpenApiParameter("tail", OpenApiTypes.INT, description="The last N lines (at most 10000)"),
-        ],
-        responses={200: s.JobLogsOut, **ERRORS},
-    )
+    @extend_schema(operation_id="jobs_logs", parameters=_LOG_PARAMS, responses={200: s.JobLogsOut, **ERRORS})
     def get(self, request: Request, pk: int) -> Response:
         job = self._job(request, pk)
         params = s.JobLogsIn(data=request.query_params)
@@ -266,6 +265,14 @@ class JobLogsView(_JobItem):
             "text": text,
         }
         return Response(s.JobLogsOut(out).data)
+
+
+class NotebookLogsView(JobLogsView):
+    kind = JobKind.NOTEBOOK
+
+    @extend_schema(operation_id="notebooks_logs", parameters=_LOG_PARAMS, responses={200: s.JobLogsOut, **ERRORS})
+    def get(self, request: Request, pk: int) -> Response:
+        return super().get(request, pk)
 
 
 # --------------------------------------------------------------------------- teams and me

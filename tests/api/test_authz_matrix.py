@@ -50,6 +50,7 @@ MATRIX: dict[str, Callable[[Target], Call]] = {
     "notebooks_create": lambda t: Call("post", "/api/v1/notebooks", {"name": "nb", "team": t.team_slug}),
     "notebooks_retrieve": lambda t: Call("get", f"/api/v1/notebooks/{t.notebook}"),
     "notebooks_stop": lambda t: Call("post", f"/api/v1/notebooks/{t.notebook}/stop"),
+    "notebooks_logs": lambda t: Call("get", f"/api/v1/notebooks/{t.notebook}/logs", {"offset": 0}),
     "teams_quota": lambda t: Call("get", f"/api/v1/teams/{t.team}/quota"),
     "v1_reports_usage_retrieve": lambda t: Call("get", "/api/v1/reports/usage", {"unit": t.team}),
 }

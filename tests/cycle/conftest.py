@@ -1,4 +1,5 @@
 import pytest
+from django.core.cache import cache
 
 from tests.factories import make_cluster, make_org, make_user
 
@@ -17,3 +18,8 @@ def ann(org):
 @pytest.fixture
 def nodes(db):
     return make_cluster(nodes=8, leaves_per_spine=2)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    cache.clear()  # decayed usage and the cycle's debounce key live in the (test) Redis db

@@ -9,7 +9,7 @@ from scheduling.core.plan import plan
 from scheduling.cycle import LeaseLost, apply_plan, lease_claim, run_cycle_once
 from scheduling.models import Allocation, Job, SchedulerLease, Task
 from scheduling.selectors import invariant_violations, snapshot_build
-from scheduling.services import JobSpec, job_submit
+from scheduling.services import JobSpec, job_submit, task_mark_running
 from scheduling.states import JobState
 from tests.factories import make_cluster, make_user
 
@@ -99,7 +99,9 @@ def test_cycle_preempts_a_spot_job_for_a_job_within_guarantee(org, ann, settings
     for j in (spot, filler):
         j.refresh_from_db()
         assert j.state == JobState.STARTING
-    Job.objects.filter(pk__in=[spot.pk, filler.pk]).update(state=JobState.RUNNING, started_at=timezone.now() - timedelta(hours=1))
+    for task in Task.objects.all():
+        task_mark_running(task=task, pid=1, started_at=timezone.now())
+    Job.objects.filter(pk__in=[spot.pk, filler.pk]).update(started_at=timezone.now() - timedelta(hours=1))
     cid = make_user("cid", unit=org.team_b)
     wanted = submit(org, cid, team=org.team_b, replicas=1, gpus_per_replica=8, tier=2)
     result = run_cycle_once()
