@@ -135,9 +135,9 @@ def test_org_admin_sees_an_invalid_quota_edit_refused_and_a_valid_one_in_the_his
     screenshot(page, "quotas")
 
 
-def test_a_team_b_member_cannot_open_a_team_a_job(page: Page, live_server, people: People):
-    job = make_job(team=people.org.team_a, user=people.ann, name="private")
-    sign_in(page, live_server.url, "ben")
+def test_a_team_a_member_cannot_open_a_team_b_job(page: Page, live_server, people: People):
+    job = make_job(team=people.org.team_b, user=people.ben, name="team-b-private")
+    sign_in(page, live_server.url, "ann")
     response = page.goto(f"{live_server.url}/jobs/{job.pk}/")
     assert response is not None and response.status == 404
-    assert "private" not in page.content()
+    assert "team-b-private" not in page.content()
