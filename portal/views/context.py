@@ -11,6 +11,7 @@ from typing import Any
 from django.http import HttpRequest
 from django.utils.functional import SimpleLazyObject
 
+from scheduling.governance.reaper import idle_warnings_for
 from tenants.models import Role
 from tenants.selectors import admin_roots, is_cluster_admin, teams_visible, user_roles
 
@@ -30,4 +31,8 @@ def yard(request: HttpRequest) -> dict[str, Any]:
     """Registered in settings.TEMPLATES as portal.views.context.yard."""
     if not request.user.is_authenticated:
         return {}
-    return {"yard": SimpleLazyObject(lambda: _summary(request))}
+    return {
+        "yard": SimpleLazyObject(lambda: _summary(request)),
+        # The idle reaper's warnings: a banner on every page of the notebook's owner.
+        "idle_warnings": SimpleLazyObject(lambda: idle_warnings_for(request.user)),
+    }

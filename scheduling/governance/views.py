@@ -14,7 +14,9 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from prometheus_client import CONTENT_TYPE_LATEST
+from rest_framework import serializers as drf_serializers
 from rest_framework import status
 from rest_framework.authentication import SessionAuthentication
 from rest_framework.permissions import IsAuthenticated
@@ -161,10 +163,34 @@ class CSVRenderer(BaseRenderer):
 class UsageReportAPI(APIView):
     """GET /api/v1/reports/usage?month=YYYY-MM&unit=<id>: the report's rows, as JSON or CSV (?format=csv or Accept: text/csv)."""
 
+    schema_parameters = [
+        OpenApiParameter("month", str, description="YYYY-MM in the cluster's time zone; default: this month"),
+        OpenApiParameter("unit", int, description="the subtree's top unit; default: every unit you may see"),
+    ]
+
     authentication_classes = [ApiTokenAuthentication, SessionAuthentication]
     permission_classes = [IsAuthenticated]
     renderer_classes = [JSONRenderer, CSVRenderer]
 
+    @extend_schema(
+        operation_id="reports_usage",
+        parameters=schema_parameters,
+        responses={
+            200: inline_serializer(
+                "UsageReport",
+                fields={
+                    "month": drf_serializers.CharField(),
+                    "time_zone": drf_serializers.CharField(),
+                    "hours_in_month": drf_serializers.FloatField(),
+                    "units": drf_serializers.ListField(child=drf_serializers.IntegerField()),
+                    "totals": drf_serializers.DictField(child=drf_serializers.FloatField()),
+                    "rows": drf_serializers.ListField(child=drf_serializers.DictField()),
+                },
+            ),
+            400: OpenApiResponse(description="a bad month or unit parameter"),
+            404: OpenApiResponse(description="no such unit, or not yours to see"),
+        },
+    )
     def get(self, request: Request) -> Response:
         try:
             report = _report_for(request.user, request.query_params)
