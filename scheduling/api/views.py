@@ -112,6 +112,7 @@ def _detail(request: Request, job: Job) -> dict[str, Any]:
 class _JobCollection(ApiView):
     kind: str = JobKind.BATCH
     input_serializer: type[Any] = s.JobSubmitIn
+    pagination_class = JobCursor  # also tells the schema generator that lists come in pages
 
     def _list(self, request: Request) -> Response:
         filters = s.JobListFilterIn(data=request.query_params)
@@ -132,7 +133,7 @@ class _JobCollection(ApiView):
             jobs = jobs.filter(tier=f["tier"])
         if "since" in f:
             jobs = jobs.filter(submitted_at__gte=f["since"])
-        paginator = JobCursor()
+        paginator = self.pagination_class()
         page = paginator.paginate_queryset(jobs, request, view=self)
         return paginator.get_paginated_response(s.JobOut(page, many=True).data)
 
