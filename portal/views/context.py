@@ -29,7 +29,8 @@ def _summary(request: HttpRequest) -> dict[str, Any]:
 
 def yard(request: HttpRequest) -> dict[str, Any]:
     """Registered in settings.TEMPLATES as portal.views.context.yard."""
-    if not request.user.is_authenticated:
+    user = getattr(request, "user", None)  # absent on requests that skipped the auth middleware
+    if user is None or not user.is_authenticated:
         return {}
     return {
         "yard": SimpleLazyObject(lambda: _summary(request)),
