@@ -132,8 +132,9 @@ def test_worker_killed_mid_apply_leaves_whole_gangs_and_the_next_cycle_places_th
     placed_before = Job.objects.filter(state=JobState.STARTING).count()
     assert 2 <= placed_before < len(jobs)
     assert invariant_violations() == []
-    # the dead worker's lease runs out; the next cycle (here, in this process) finishes the work
-    SchedulerLease.objects.filter(name="cycle").update(expires_at=timezone.now() - timedelta(seconds=1))
+    # the dead worker's lease runs out (5 s here); the next cycle (in this process) finishes the work
+    lease = SchedulerLease.objects.get(name="cycle")
+    time.sleep(max((lease.expires_at - timezone.now()).total_seconds(), 0) + 0.2)
     result = run_cycle_once()
     assert result.ran and len(result.placed) == len(jobs) - placed_before
     assert invariant_violations() == []
