@@ -346,20 +346,16 @@ def _create_job(*, user: User, spec: JobSpec, key: str | None, copied_from: Job 
 # --------------------------------------------------------------------------- stop, cancel, requeue
 
 
-def _stop_tasks(job: Job, now: datetime) -> None:
-    """Running ranks are told to stop; ranks never started end at once, and the job settles if none is left.
+def _stop_tasks(job: Job) -> None:
+    """Every live rank of the attempt is told to stop; each one settles when its agent reports it exited.
 
-    An agent treats "stop" for a task it never started as a no-op and so never reports it
-    (docs/agent-api.md): left STOPPING, such a rank would hold its GPUs forever. Ending it here
-    drops it from the agent's `desired`, so a start that raced with this is fenced within seconds.
+    Ranks still ASSIGNED become STOPPING too (their agent may have started them without saying so
+    yet). An agent never reports a rank it never started (docs/agent-api.md: "stop" for it is a
+    no-op), so the agent API must settle such a rank when the agent's complete task list lacks it.
     """
-    Task.objects.filter(job=job, attempt=job.attempt, state=TaskState.RUNNING).update(state=TaskState.STOPPING)
-    unstarted = list(Task.objects.filter(job=job, attempt=job.attempt, state=TaskState.ASSIGNED).values_list("pk", flat=True))
-    if unstarted:
-        Task.objects.filter(pk__in=unstarted).update(state=TaskState.EXITED, ended_at=now)
-        _release(unstarted, now)
-    if not Task.objects.filter(job=job, attempt=job.attempt, state__in=TASK_LIVE_STATES).exists():
-        _settle(job)
+    Task.objects.filter(job=job, attempt=job.attempt, state__in=(TaskState.ASSIGNED, TaskState.RUNNING)).update(
+        state=TaskState.STOPPING
+    )
 
 
 @transaction.atomic
@@ -402,8 +398,7 @@ def job_request_stop(
         job_transition(job=job, to=JobState.PREEMPTING, reason=text, actor=actor, actor_label=label)
     else:
         _note(job, text, actor=actor, actor_label=label)
-    _stop_tasks(job, now)
-    job.refresh_from_db()
+    _stop_tasks(job)
     return job
 
 

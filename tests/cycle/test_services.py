@@ -202,17 +202,12 @@ def test_cancel_of_a_pending_job_is_immediate(org, ann, nodes):
     assert AuditEntry.objects.filter(action="job.cancel", object_id=str(job.pk)).count() == 1
 
 
-def test_cancel_before_any_rank_started_ends_the_job_and_frees_its_gpus_at_once(org, ann, nodes):
+def test_stop_order_tells_started_and_not_yet_started_ranks_to_stop(org, ann, nodes):
     job = placed(org, ann, replicas=2, gpus_per_replica=8)
-    job = job_cancel(job=job, actor=ann)
-    assert job.state == JobState.CANCELLED
-    assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
-    assert invariant_violations() == []
-
-
-def test_preempting_a_gang_whose_ranks_never_started_requeues_it_at_once(org, ann, nodes):
-    job = placed(org, ann, replicas=2, gpus_per_replica=8)
+    first = Task.objects.get(job=job, rank=0)
+    task_mark_running(task=first, pid=1, started_at=timezone.now())
     job = job_request_stop(job=job, reason="PREEMPTED", grace_s=30, actor_label="scheduler", note="reclaimed for job 9")
-    assert (job.state, job.attempt) == (JobState.PENDING, 2)
-    assert any("reclaimed for job 9" in e.reason for e in job.events.all())
-    assert invariant_violations() == []
+    assert job.state == JobState.PREEMPTING
+    assert set(Task.objects.filter(job=job).values_list("state", flat=True)) == {TaskState.STOPPING}
+    assert "reclaimed for job 9" in job.events.last().reason
+    assert Allocation.objects.filter(job=job, released_at__isnull=True).count() == 16
