@@ -58,6 +58,7 @@ class Summary:
     cycles: int
     unfinished: int
     extra: dict[str, float] = field(default_factory=dict)
+    window_end: float = 0.0
     # for the plots: hour index -> utilisation, and every job's queueing delay (s)
     util_series: dict[int, float] = field(default_factory=dict)
     queue_delays: list[float] = field(default_factory=list)
@@ -125,6 +126,7 @@ def summarise(r: ReplayResult, *, time_limits: str) -> Summary:
         cycles=r.cycles,
         unfinished=len(r.unfinished),
         extra=r.extra,
+        window_end=hi,
         util_series={h: v / (capacity * 3600) for h, v in r.util_bins.items()},
         queue_delays=queued,
     )

@@ -27,11 +27,14 @@ def write_plots(rows: list[Summary], out: Path, *, busy_from: float) -> list[Pat
         group = [s for s in rows if s.nodes == nodes]
         fig, ax = plt.subplots(figsize=(10, 4))
         first_hour = int(busy_from // 3600)
+        # The metrics window and two days of the drain after the last submission.
+        last_hour = int(group[0].window_end // 3600) + 48
         for s in group:
-            hours = sorted(h for h in s.util_series if h >= first_hour)
+            hours = sorted(h for h in s.util_series if first_hour <= h <= last_hour)
             smooth = [sum(s.util_series.get(k, 0.0) for k in range(h - 5, h + 1)) / 6 for h in hours]
             ax.plot([h / 24 for h in hours], [100 * v for v in smooth], label=label(s), linewidth=1)
-        ax.set_xlabel("trace day")
+        ax.axvline(group[0].window_end / 86400, color="grey", linestyle=":", linewidth=1)
+        ax.set_xlabel("trace day (dotted: last submission, end of the metrics window)")
         ax.set_ylabel("GPUs allocated (%), 6 h mean")
         ax.set_ylim(0, 101)
         ax.set_title(f"GPU utilisation, {nodes} nodes, from day {busy_from / 86400:.0f}")

@@ -1,0 +1,50 @@
+"""Metrics, markdown tables and plots of a (short) replay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scheduling.sim.cli import main
+from scheduling.sim.metrics import delays, percentile
+
+SAMPLE = Path(__file__).parent.parent / "data" / "philly_sep2017_sample2k.csv"
+
+
+def test_percentile_is_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 95) == 95.0
+    assert percentile(values, 100) == 100.0
+    assert percentile([7.0], 50) == 7.0
+
+
+def test_delays_summarise_mean_median_p95() -> None:
+    d = delays([0.0, 10.0, 20.0, 30.0])
+    assert (d.count, d.mean, d.median, d.p95) == (4, 15.0, 15.0, 30.0)
+
+
+def test_cli_prints_one_row_per_policy_and_writes_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "--trace",
+        str(SAMPLE),
+        "--limit",
+        "300",
+        "--nodes",
+        "16",
+        "--busy-from",
+        "0",
+        "--jobs",
+        "1",
+        "--policies",
+        "fifo,easy-backfill",
+        "--time-limits",
+        "oracle",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "| fifo |" in out and "| easy-backfill (oracle) |" in out
+    assert "| easy-backfill (oracle) |" in (tmp_path / "results.md").read_text()
+    assert {p.name for p in tmp_path.glob("*.png")} == {"utilisation_16.png", "queue_cdf_16.png"}
