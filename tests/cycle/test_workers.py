@@ -17,7 +17,7 @@ from django.utils import timezone
 from portal.celery import app
 from scheduling.cycle import APPLY_PAUSE_ENV, run_cycle_once
 from scheduling.management.commands.seed_demo import build_cluster
-from scheduling.models import Allocation, Job, NodeState, SchedulerLease, Task
+from scheduling.models import Allocation, Job, JobEvent, NodeState, SchedulerLease, Task
 from scheduling.selectors import invariant_violations
 from scheduling.services import JobSpec, job_cancel, job_submit, task_mark_exited, task_mark_running
 from scheduling.states import JobState, TaskState
@@ -70,6 +70,11 @@ def _epoch() -> int:
     return SchedulerLease.objects.filter(name="cycle").values_list("epoch", flat=True).first() or 0
 
 
+def _lifetime_s(job_id: int) -> int:
+    """5-30 s, fixed per job: long enough that the cluster fills up and gangs queue, reserve and preempt."""
+    return 5 + job_id * 7919 % 26
+
+
 def _advance(rng: random.Random, now) -> None:
     """What agents would report: starts, ends (mostly clean), and preempted gangs going down."""
     for task in Task.objects.filter(state=TaskState.ASSIGNED).select_related("job")[:200]:
@@ -77,7 +82,7 @@ def _advance(rng: random.Random, now) -> None:
     ending = Job.objects.filter(state__in=(JobState.RUNNING, JobState.PREEMPTING))
     for job in ending:
         due = job.state == JobState.PREEMPTING or job.stop_requested_at is not None
-        if not due and job.started_at and now - job.started_at < timedelta(seconds=rng.uniform(1, 6)):
+        if not due and job.started_at and now - job.started_at < timedelta(seconds=_lifetime_s(job.pk)):
             continue
         code = 0 if not due and rng.random() < 0.9 else (143 if due else 1)
         for task in Task.objects.filter(job=job, attempt=job.attempt, state__in=(TaskState.RUNNING, TaskState.STOPPING)):
@@ -87,7 +92,7 @@ def _advance(rng: random.Random, now) -> None:
 def test_two_workers_under_a_minute_of_churn_on_200_nodes_keep_every_invariant(workers):
     rng = random.Random(7)
     users = big_cluster(200)
-    pool = workers(2)
+    pool = workers(2, YARD_MIN_RUNTIME_S="0")  # spot gangs become preemptible at once
     problems: list[str] = []
     checks = 0
     last_epoch = _epoch()
@@ -116,6 +121,8 @@ def test_two_workers_under_a_minute_of_churn_on_200_nodes_keep_every_invariant(w
     assert all(w.cycles_run() > 0 for w in pool), [w.cycles_run() for w in pool]
     placed = Job.objects.exclude(state=JobState.PENDING).exclude(state=JobState.CANCELLED, started_at__isnull=True).count()
     assert placed >= 50
+    preempted = JobEvent.objects.filter(to_state=JobState.PREEMPTED).count()
+    print(f"{checks} invariant checks, {_epoch()} cycles, {placed} jobs placed, {preempted} preemptions")
 
 
 def test_worker_killed_mid_apply_leaves_whole_gangs_and_the_next_cycle_places_the_rest(workers, settings):
