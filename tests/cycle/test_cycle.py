@@ -11,6 +11,7 @@ from scheduling.models import Allocation, Job, SchedulerLease, Task
 from scheduling.selectors import invariant_violations, snapshot_build
 from scheduling.services import JobSpec, job_submit, task_mark_running
 from scheduling.states import JobState
+from tenants.models import AuditEntry
 from tests.factories import make_cluster, make_user
 
 pytestmark = pytest.mark.django_db
@@ -108,3 +109,4 @@ def test_cycle_preempts_a_spot_job_for_a_job_within_guarantee(org, ann, settings
     assert result.preempted, Job.objects.get(pk=wanted.pk).pending_reason
     victim = Job.objects.get(pk=result.preempted[0])
     assert victim.state == JobState.PREEMPTING and victim.stop_reason == "PREEMPTED"
+    assert AuditEntry.objects.filter(action="job.preempt", object_id=str(victim.pk), actor_label="scheduler").count() == 1

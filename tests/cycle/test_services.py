@@ -178,6 +178,7 @@ def test_time_limit_stop_ends_failed(org, ann, nodes):
     Job.objects.filter(pk=job.pk).update(started_at=timezone.now() - timezone.timedelta(seconds=120))
     result = run_cycle_once()
     assert result.time_limited == [job.pk]
+    assert AuditEntry.objects.filter(action="job.kill", object_id=str(job.pk)).count() == 1
     exit_all(tasks, code=143, stopped_by="sigterm")
     job.refresh_from_db()
     assert job.state == JobState.FAILED and job.stop_reason == "TIME_LIMIT"
