@@ -113,7 +113,8 @@ def team_quota_usage(*, team: OrgUnit) -> dict[str, dict[str, Any]]:
     live = (
         Allocation.objects.filter(job__team=team, released_at__isnull=True)
         .values("job__gpu_type")
-        .annotate(used=Count("id"), borrowed=Count("id", filter=Q(borrowed=True)))
+        # the job's flag, not the allocation's: each cycle re-decides what runs beyond the guarantee
+        .annotate(used=Count("id"), borrowed=Count("id", filter=Q(job__borrowed=True)))
     )
     for row in live:
         entry = result.setdefault(row["job__gpu_type"], {"guaranteed": 0, "limit": None, "used": 0, "borrowed": 0})

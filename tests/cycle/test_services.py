@@ -212,3 +212,10 @@ def test_stop_order_tells_started_and_not_yet_started_ranks_to_stop(org, ann, no
     assert set(Task.objects.filter(job=job).values_list("state", flat=True)) == {TaskState.STOPPING}
     assert "reclaimed for job 9" in job.events.last().reason
     assert Allocation.objects.filter(job=job, released_at__isnull=True).count() == 16
+
+
+def test_quota_usage_counts_live_gpus_and_those_running_beyond_the_guarantee(org, ann, nodes):
+    from scheduling.selectors import team_quota_usage
+
+    placed(org, ann, replicas=3, gpus_per_replica=8)  # 24 GPUs; team_a guarantees 16, so the plan marks it borrowed
+    assert team_quota_usage(team=org.team_a) == {"H100": {"guaranteed": 16, "limit": 32, "used": 24, "borrowed": 24}}
