@@ -129,6 +129,11 @@ def run_cycle_once(*, now: datetime | None = None) -> CycleResult:
         snapshot = snapshot_build(now=now)
         result = apply_plan(lease=lease, snapshot=snapshot, plan_=plan(snapshot, now=now.timestamp()), now=now)
         result.time_limited = enforce_time_limits(lease=lease, now=now)
+    except LeaseLost:
+        # This holder stalled past its lease and another took over: what it had applied stands
+        # (each gang whole), the rest is the new holder's to decide from a fresh snapshot.
+        log.warning("cycle epoch %s lost its lease mid-apply; its remaining writes were refused", lease.epoch)
+        return CycleResult(ran=False, epoch=lease.epoch, seconds=time.monotonic() - started)
     finally:
         lease_release(lease)
     result.seconds = time.monotonic() - started

@@ -1,5 +1,6 @@
 """The cycle's apply step: fencing by lease epoch, whole-gang rollback, reasons, preemption."""
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -110,3 +111,34 @@ def test_cycle_preempts_a_spot_job_for_a_job_within_guarantee(org, ann, settings
     victim = Job.objects.get(pk=result.preempted[0])
     assert victim.state == JobState.PREEMPTING and victim.stop_reason == "PREEMPTED"
     assert AuditEntry.objects.filter(action="job.preempt", object_id=str(victim.pk), actor_label="scheduler").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_holder_that_stalls_mid_apply_stops_writing_once_another_takes_over(org, ann, nodes, monkeypatch):
+    import threading
+
+    from django.db import connection
+
+    from scheduling.cycle import APPLY_PAUSE_ENV
+
+    jobs = [submit(org, ann, replicas=1, gpus_per_replica=8) for _ in range(4)]
+    monkeypatch.setenv(APPLY_PAUSE_ENV, "1.0")  # the stalled holder sleeps after each gang
+    outcome = {}
+
+    def stalled_cycle():
+        try:
+            outcome["result"] = run_cycle_once()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=stalled_cycle)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not Job.objects.filter(state=JobState.STARTING).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    expire_lease()
+    assert lease_claim() is not None  # the takeover
+    thread.join(timeout=30)
+    assert outcome["result"].ran is False
+    assert Job.objects.filter(pk__in=[j.pk for j in jobs], state=JobState.STARTING).count() == 1
+    assert invariant_violations() == []
