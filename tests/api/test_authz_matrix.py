@@ -39,33 +39,34 @@ def _job_body(t: Target) -> dict[str, Any]:
     return {"name": "x", "team": t.team_slug, "replicas": 1, "gpus_per_replica": 1}
 
 
-# operationId -> the request that would touch tenant B's object (or an unknown one)
+# operation (method and path, as in the schema) -> the request that would touch tenant B's object (or an unknown one)
 MATRIX: dict[str, Callable[[Target], Call]] = {
-    "jobs_list": lambda t: Call("get", "/api/v1/jobs", {"team": t.team_slug}),
-    "jobs_create": lambda t: Call("post", "/api/v1/jobs", _job_body(t)),
-    "jobs_retrieve": lambda t: Call("get", f"/api/v1/jobs/{t.job}"),
-    "jobs_cancel": lambda t: Call("post", f"/api/v1/jobs/{t.job}/cancel"),
-    "jobs_logs": lambda t: Call("get", f"/api/v1/jobs/{t.job}/logs", {"tail": 10}),
-    "notebooks_list": lambda t: Call("get", "/api/v1/notebooks", {"team": t.team_slug}),
-    "notebooks_create": lambda t: Call("post", "/api/v1/notebooks", {"name": "nb", "team": t.team_slug}),
-    "notebooks_retrieve": lambda t: Call("get", f"/api/v1/notebooks/{t.notebook}"),
-    "notebooks_stop": lambda t: Call("post", f"/api/v1/notebooks/{t.notebook}/stop"),
-    "notebooks_logs": lambda t: Call("get", f"/api/v1/notebooks/{t.notebook}/logs", {"offset": 0}),
-    "teams_quota": lambda t: Call("get", f"/api/v1/teams/{t.team}/quota"),
-    "v1_reports_usage_retrieve": lambda t: Call("get", "/api/v1/reports/usage", {"unit": t.team}),
+    "GET /api/v1/jobs": lambda t: Call("get", "/api/v1/jobs", {"team": t.team_slug}),
+    "POST /api/v1/jobs": lambda t: Call("post", "/api/v1/jobs", _job_body(t)),
+    "GET /api/v1/jobs/{id}": lambda t: Call("get", f"/api/v1/jobs/{t.job}"),
+    "POST /api/v1/jobs/{id}/cancel": lambda t: Call("post", f"/api/v1/jobs/{t.job}/cancel"),
+    "GET /api/v1/jobs/{id}/logs": lambda t: Call("get", f"/api/v1/jobs/{t.job}/logs", {"tail": 10}),
+    "GET /api/v1/notebooks": lambda t: Call("get", "/api/v1/notebooks", {"team": t.team_slug}),
+    "POST /api/v1/notebooks": lambda t: Call("post", "/api/v1/notebooks", {"name": "nb", "team": t.team_slug}),
+    "GET /api/v1/notebooks/{id}": lambda t: Call("get", f"/api/v1/notebooks/{t.notebook}"),
+    "POST /api/v1/notebooks/{id}/stop": lambda t: Call("post", f"/api/v1/notebooks/{t.notebook}/stop"),
+    "GET /api/v1/notebooks/{id}/logs": lambda t: Call("get", f"/api/v1/notebooks/{t.notebook}/logs", {"offset": 0}),
+    "GET /api/v1/teams/{id}/quota": lambda t: Call("get", f"/api/v1/teams/{t.team}/quota"),
+    "GET /api/v1/reports/usage": lambda t: Call("get", "/api/v1/reports/usage", {"unit": t.team}),
 }
 # Operations with no tenant object to aim at: they only ever answer about the caller.
-NO_TENANT_OBJECT = {"me"}
+NO_TENANT_OBJECT = {"GET /api/v1/me"}
 
 
 def _api_operations() -> set[str]:
     schema = SchemaGenerator().get_schema(request=None, public=True)
+    methods = {"get", "post", "put", "patch", "delete"}
     return {
-        op["operationId"]
+        f"{method.upper()} {path}"
         for path, item in schema["paths"].items()
         if path.startswith("/api/v1/")
-        for op in item.values()
-        if isinstance(op, dict) and "operationId" in op
+        for method in item
+        if method in methods
     }
 
 
