@@ -18,7 +18,7 @@ from pathlib import Path
 from scheduling.core.types import Config
 from scheduling.sim.cluster import ClusterShape, read_team_weights
 from scheduling.sim.engine import Replay, ReplayConfig
-from scheduling.sim.metrics import Summary, extra_lines, gang_table, headline_table, summarise, team_table
+from scheduling.sim.metrics import Summary, compact_table, extra_lines, gang_table, headline_table, summarise, team_table
 from scheduling.sim.policies import LIMIT_BLIND, NAMES, make_policy
 from scheduling.sim.trace import TraceJob, load_trace, time_limits
 
@@ -110,7 +110,7 @@ def tasks(args: argparse.Namespace) -> list[tuple[str, int, str, argparse.Namesp
 
 
 def report(rows: list[Summary], command: str, wall_s: float) -> str:
-    parts = [f"Command: `{command}`\n\nWall time of the whole run: {wall_s:.0f} s.\n"]
+    parts = [f"Command: `{command}`\n\nWall time of the whole run: {wall_s:.0f} s.\n\n{compact_table(rows)}"]
     for nodes in sorted({s.nodes for s in rows}, reverse=True):
         group = [s for s in rows if s.nodes == nodes]
         parts.append(f"\n## {nodes} nodes\n\n{headline_table(group)}")

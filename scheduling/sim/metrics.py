@@ -166,6 +166,20 @@ def headline_table(rows: list[Summary]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def compact_table(rows: list[Summary]) -> str:
+    """Every size and policy in one table: the numbers the README quotes."""
+    out = (
+        "| nodes | policy | avg JCT (s) | p95 queue (s) | GPU util | multi-node gangs in one leaf "
+        "| min team guarantee honoured | preemptions |\n|---:|---|---:|---:|---:|---:|---:|---:|\n"
+    )
+    for s in rows:
+        out += (
+            f"| {s.nodes} | {label(s)} | {_s(s.jct_mean)} | {_s(s.queue.p95)} | {_pct(s.utilisation)} "
+            f"| {_pct(s.multinode_one_leaf)} | {_pct(s.min_honoured)} | {s.preemptions:,} |\n"
+        )
+    return out
+
+
 def gang_table(rows: list[Summary]) -> str:
     cols = " | ".join(f"{b} GPUs avg / median / p95 (s)" for b, _, _ in GANG_BUCKETS)
     out = f"| policy | {cols} |\n|---|" + "---:|" * len(GANG_BUCKETS) + "\n"
