@@ -299,6 +299,23 @@ def _next_state(*, node: Node, live: Sequence[Task], heartbeat: Heartbeat) -> tu
     return state, reason
 
 
+def _settle_never_started(*, live: Sequence[Task], reports: Sequence[TaskReport], now: datetime) -> list[Task]:
+    """End the ranks told to stop before their agent ever started them; the rest stay live.
+
+    The heartbeat's task list is the agent's complete local view, and an agent ignores "stop" for a
+    task it never started (docs/agent-api.md), so nobody would ever report such a rank: without this
+    it would hold its GPUs forever. A rank the agent did start is in the list, and ends by its report.
+    """
+    reported = {r.key for r in reports}
+    keep: list[Task] = []
+    for task in live:
+        if task.state == TaskState.STOPPING and task.started_at is None and (task.pk, task.attempt) not in reported:
+            scheduling_services.task_mark_exited(task=task, exit_code=None, signal=None, stopped_by="", ended_at=now)
+        else:
+            keep.append(task)
+    return keep
+
+
 def live_tasks_of(*, node: Node) -> list[Task]:
     """The node's live tasks with their jobs and live GPU allocations (two queries, whatever the count)."""
     return list(
@@ -334,6 +351,7 @@ def node_heartbeat(*, node: Node, heartbeat: Heartbeat, now: datetime | None = N
         else:
             node.refresh_from_db(fields=["state", "state_reason"])
     node.last_heartbeat = now
+    live = _settle_never_started(live=live, reports=heartbeat.tasks, now=now)
     _store_telemetry(node=node, samples=heartbeat.gpus, now=now)
     _store_task_facts(live=live, reports=heartbeat.tasks)
     return HeartbeatResult(node_state=node.state, live_tasks=live)

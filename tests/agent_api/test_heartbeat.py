@@ -9,9 +9,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from scheduling.models import Gpu, GpuWindow, Job, Node, NodeState, Task, XidEvent
-from scheduling.services import job_request_stop, node_mark_lost
-from scheduling.states import TaskState
+from scheduling.models import Allocation, Gpu, GpuWindow, Job, Node, NodeState, Task, XidEvent
+from scheduling.services import job_request_stop, node_mark_lost, task_mark_running
+from scheduling.states import JobState, TaskState
 from tests.agent_api.conftest import AgentClient, heartbeat_body, task_report
 
 Gang = Callable[..., list[Task]]
@@ -143,9 +143,31 @@ def test_desired_carries_each_rank_its_spec(agent: AgentClient, other_agent: Age
 
 def test_a_stop_order_is_a_stop_action_with_its_grace(agent: AgentClient, gang: Gang) -> None:
     task = gang()[0]
-    job_request_stop(job=task.job, reason="PREEMPTED", grace_s=7, actor_label="scheduler")
-    (spec,) = agent.post("heartbeat", heartbeat_body()).json()["desired"]
+    task_mark_running(task=task, pid=4242, started_at=timezone.now())
+    job_request_stop(job=Job.objects.get(pk=task.job_id), reason="PREEMPTED", grace_s=7, actor_label="scheduler")
+    (spec,) = agent.post("heartbeat", heartbeat_body(tasks=[task_report(task)])).json()["desired"]
     assert (spec["action"], spec["grace_s"], spec["stop_reason"]) == ("stop", 7, "PREEMPTED")
+
+
+def test_a_rank_stopped_before_its_agent_started_it_ends(agent: AgentClient, gang: Gang, nodes: list[Node]) -> None:
+    task = gang([(nodes[0], [0, 1])])[0]
+    job_request_stop(job=task.job, reason="CANCELLED", actor_label="ann")
+    # The agent never saw the task: its complete task list does not hold it.
+    assert agent.post("heartbeat", heartbeat_body()).json()["desired"] == []
+    task.refresh_from_db()
+    assert task.state == TaskState.EXITED
+    assert not Allocation.objects.filter(task=task, released_at__isnull=True).exists()
+    assert Job.objects.get(pk=task.job_id).state == JobState.CANCELLED
+
+
+def test_a_rank_the_agent_reports_is_not_ended_by_the_stop_order(agent: AgentClient, gang: Gang, nodes: list[Node]) -> None:
+    task = gang([(nodes[0], [0, 1])])[0]
+    job_request_stop(job=task.job, reason="CANCELLED", actor_label="ann")
+    # Started between the portal's answer and the stop order: the agent reports it, so it is stopped, not dropped.
+    (spec,) = agent.post("heartbeat", heartbeat_body(tasks=[task_report(task)])).json()["desired"]
+    assert spec["action"] == "stop"
+    task.refresh_from_db()
+    assert task.state == TaskState.STOPPING
 
 
 def test_ended_and_lost_tasks_leave_desired(agent: AgentClient, gang: Gang, nodes: list[Node]) -> None:
