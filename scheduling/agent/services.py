@@ -348,6 +348,8 @@ def node_heartbeat(*, node: Node, heartbeat: Heartbeat, now: datetime | None = N
         changed = Node.objects.filter(pk=node.pk, state=node.state).update(state=state, state_reason=reason, state_changed_at=now)
         if changed:
             node.state, node.state_reason = state, reason
+            if state == NodeState.READY:
+                scheduling_services.cycle_request()  # new capacity: place what waits now, not at the next beat
         else:
             node.refresh_from_db(fields=["state", "state_reason"])
     node.last_heartbeat = now
