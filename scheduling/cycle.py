@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
+from django.core.cache import cache
 from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 
 LEASE_NAME = "cycle"
 MASTER_PORT = 29500
+CYCLE_SECONDS_CACHE_KEY = "yard:last_cycle_s"
+
 # Test hook: seconds to sleep between gangs while applying, so a test can SIGKILL a worker mid-apply.
 APPLY_PAUSE_ENV = "YARD_TEST_APPLY_PAUSE_S"
 
@@ -137,6 +140,11 @@ def run_cycle_once(*, now: datetime | None = None) -> CycleResult:
     finally:
         lease_release(lease)
     result.seconds = time.monotonic() - started
+    # For /metrics (yard_scheduler_cycle_duration_seconds): any web process reads the newest one.
+    try:
+        cache.set(CYCLE_SECONDS_CACHE_KEY, result.seconds, None)
+    except Exception:  # a cache outage must not fail a cycle that has already committed
+        log.warning("could not record the cycle's duration", exc_info=True)
     log.info(
         "cycle epoch %s: placed %d, conflicts %d, preempted %d, time-limited %d, %d reasons updated in %.2f s",
         result.epoch,

@@ -23,11 +23,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from scheduling.cycle import CYCLE_SECONDS_CACHE_KEY
 from scheduling.models import Allocation, Gpu, Job, JobEvent, JobKind, Node, SchedulerLease
 from scheduling.states import JobState
 from tenants.models import OrgUnit, Quota, UnitKind
 
-CYCLE_CACHE_KEY = "yard:last_cycle_s"  # seconds of the newest scheduling cycle, if the cycle records it
+CYCLE_CACHE_KEY = CYCLE_SECONDS_CACHE_KEY  # written by every cycle
 QUEUE_WAIT_WINDOW = timedelta(hours=1)  # the histogram covers jobs that started in the last hour
 QUEUE_WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400)
 MIB = 1024 * 1024
