@@ -37,7 +37,7 @@ bench: venv
 
 ## Trace replay of the Philly month: tables and plots under docs/eval/.
 eval: venv
-	$(PY) -m scheduling.sim --trace scheduling/sim/data/philly_sep2017.csv --nodes 256,192,160 --out docs/eval
+	$(PY) -m scheduling.sim --nodes 256 192 160 --time-limits both --out docs/eval
 
 clean:
 	rm -rf var/ .pytest_cache .mypy_cache .ruff_cache
