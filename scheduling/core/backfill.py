@@ -35,10 +35,13 @@ def earliest_fit(
     gpu_type: str,
     replicas: int,
     per_replica: int,
+    *,
+    one_leaf: bool = False,
 ) -> tuple[float, Fit] | None:
     """The earliest release time after which the gang fits, with the placement then; None if never.
 
     ``releases`` must be sorted by end time. GPUs in ``reserved`` stay held for others.
+    ``one_leaf``: only a placement under one leaf switch counts (``placement.keep_in_leaf``).
     """
     need = replicas * per_replica
     # cuts[i]: how many releases have happened by the i-th distinct end time.
@@ -49,7 +52,7 @@ def earliest_fit(
     def fits(state: FreeState) -> Fit | None:
         if state.type_free.get(gpu_type, 0) < need:
             return None
-        return find(state, gpu_type, replicas, per_replica)
+        return find(state, gpu_type, replicas, per_replica, one_leaf=one_leaf)
 
     cur = st.clone()
     applied = 0

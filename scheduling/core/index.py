@@ -104,6 +104,7 @@ class TopoIndex:
         self.gpu_types: list[str] = sorted(self.type_total)
         # Per type: how many replicas of G GPUs the whole cluster could ever hold (admission).
         self._shape_cap: dict[tuple[str, int], int] = {}
+        self._leaf_cap: dict[tuple[str, int], int] = {}
 
     def replicas_capacity(self, gpu_type: str, per_replica: int) -> int:
         """Replicas of ``per_replica`` GPUs the empty cluster holds (one replica never spans nodes)."""
@@ -111,6 +112,26 @@ class TopoIndex:
         if key not in self._shape_cap:
             self._shape_cap[key] = sum(len(n.gpu_ids) // per_replica for n in self.nodes if n.gpu_type == gpu_type)
         return self._shape_cap[key]
+
+    def leaf_replicas_capacity(self, gpu_type: str, per_replica: int) -> int:
+        """Replicas of ``per_replica`` GPUs the READY nodes of the roomiest leaf hold when empty.
+
+        A gang of at most this many replicas "fits in one leaf": the leaf-locality rule keeps it there.
+        """
+        key = (gpu_type, per_replica)
+        if key not in self._leaf_cap:
+            self._leaf_cap[key] = max(
+                (
+                    sum(
+                        len(self.nodes[ni].gpu_ids) // per_replica
+                        for ni in nodes
+                        if self.nodes[ni].gpu_type == gpu_type and self.nodes[ni].schedulable
+                    )
+                    for nodes in self.leaf_nodes
+                ),
+                default=0,
+            )
+        return self._leaf_cap[key]
 
 
 _CACHE: dict[int, tuple[Topology, TopoIndex]] = {}

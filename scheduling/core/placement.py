@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scheduling.core.index import NODE, NVLINK, PCIE, FreeState, TopoIndex
-from scheduling.core.types import Locality, Placement
+from scheduling.core.types import Config, Locality, PendingJob, Placement
 
 Replica = tuple[int, tuple[int, ...]]  # (node index, GPU positions on that node)
 
@@ -54,8 +54,12 @@ def take_fit(st: FreeState, fit: Fit) -> None:
         st.take(ni, positions)
 
 
-def find(st: FreeState, gpu_type: str, replicas: int, per_replica: int) -> Fit | None:
-    """The best placement of ``replicas`` x ``per_replica`` GPUs of ``gpu_type`` in ``st``, or None."""
+def find(st: FreeState, gpu_type: str, replicas: int, per_replica: int, *, one_leaf: bool = False) -> Fit | None:
+    """The best placement of ``replicas`` x ``per_replica`` GPUs of ``gpu_type`` in ``st``, or None.
+
+    ``one_leaf``: a gang that does not fit in one node fits only under one leaf switch, or not at all
+    (see ``keep_in_leaf``).
+    """
     ix = st.ix
     max_node = ix.type_max_node.get(gpu_type, 0)
     need = replicas * per_replica
@@ -68,8 +72,20 @@ def find(st: FreeState, gpu_type: str, replicas: int, per_replica: int) -> Fit |
         if fit is not None:
             return fit
     if replicas > 1:
-        return _multi_node(st, gpu_type, replicas, per_replica)
+        return _multi_node(st, gpu_type, replicas, per_replica, one_leaf)
     return None
+
+
+def keep_in_leaf(ix: TopoIndex, job: PendingJob, config: Config, now: float) -> bool:
+    """Whether ``job`` may only be placed under one leaf switch (the leaf-locality rule).
+
+    A multi-node gang that the READY nodes of one leaf could hold waits for such a leaf rather than
+    span leaves: its all-reduce would otherwise cross the spine for its whole run, which costs more
+    than the wait. ``Config.leaf_wait_s`` bounds the wait (since submit); inf keeps it strict.
+    """
+    if job.replicas <= 1 or job.replicas > ix.leaf_replicas_capacity(job.gpu_type, job.gpus_per_replica):
+        return False
+    return now - job.submit_time < config.leaf_wait_s
 
 
 # --------------------------------------------------------------------------- one node
@@ -122,7 +138,7 @@ def _take_grouped(groups: dict[int, list[int]], need: int) -> list[int]:
 # --------------------------------------------------------------------------- several nodes
 
 
-def _multi_node(st: FreeState, gpu_type: str, replicas: int, per_replica: int) -> Fit | None:
+def _multi_node(st: FreeState, gpu_type: str, replicas: int, per_replica: int, one_leaf: bool) -> Fit | None:
     ix = st.ix
     caps = [
         st.leaf_capacity(li, gpu_type, per_replica) if st.leaf_tfree[li].get(gpu_type, 0) >= per_replica else 0
@@ -138,6 +154,8 @@ def _multi_node(st: FreeState, gpu_type: str, replicas: int, per_replica: int) -
     if leaf_best is not None:
         li = leaf_best[1]
         return _fit_from_leaves(st, gpu_type, per_replica, [(li, replicas)], Locality.LEAF, ix.leaf_names[li])
+    if one_leaf:
+        return None
 
     def leaf_key(li: int) -> tuple[int, int, int]:
         return (-caps[li], st.leaf_tfree[li].get(gpu_type, 0), li)

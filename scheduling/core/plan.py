@@ -8,7 +8,7 @@ from scheduling.core import reasons
 from scheduling.core.backfill import Release, earliest_fit
 from scheduling.core.fairshare import team_order
 from scheduling.core.index import FreeState, TopoIndex, topo_index
-from scheduling.core.placement import Fit, find, take_fit
+from scheduling.core.placement import Fit, find, keep_in_leaf, take_fit
 from scheduling.core.preemption import Reclaimer
 from scheduling.core.quota import QuotaState, borrowed_running
 from scheduling.core.types import (
@@ -39,6 +39,10 @@ def plan(snapshot: Snapshot, *, now: float) -> Plan:
       placements and of reservations; never beyond a limit of its team or an ancestor;
       Tier 1 only within its team's guarantee. ``Placement.borrowed`` marks what runs
       beyond the team's guarantee.
+    - A multi-node gang that the READY nodes of one leaf switch could hold is placed under
+      one leaf or not at all: it waits (reserving the leaf where it fits earliest) rather than
+      span leaves, until it has waited ``Config.leaf_wait_s`` (``placement.keep_in_leaf``);
+      reclaim looks for a one-leaf placement for it too.
     - A Tier 1 job, or a Tier 2 job within its team's guarantee, that does not fit may
       preempt (``preemption.Reclaimer``); it then holds a reservation on the GPUs it
       freed, which nobody else gets in this plan. Tier 1 and terminating jobs, and jobs
@@ -86,15 +90,15 @@ class _Planner:
         self.victims: set[str] = set()
         self._reclaimer: Reclaimer | None = None
         # Free GPUs only shrink while planning, so a shape that failed keeps failing:
-        # (type, per replica) -> the fewest replicas known not to fit.
-        self._fails: dict[tuple[str, int], int] = {}
-        self._reclaim_fails: set[tuple[Tier, str, str, int, int]] = set()
-        self._reason_cache: dict[tuple[str, int, int], str] = {}
+        # (type, per replica, one leaf only) -> the fewest replicas known not to fit.
+        self._fails: dict[tuple[str, int, bool], int] = {}
+        self._reclaim_fails: set[tuple[Tier, str, str, int, int, bool]] = set()
+        self._reason_cache: dict[tuple[str, int, int, bool], str] = {}
         self._never: dict[tuple[str, int, int], str | None] = {}
-        self._blocked_cache: dict[tuple[str, int, int, int, int], str] = {}
+        self._blocked_cache: dict[tuple[str, int, int, bool, int, int], str] = {}
         self._held_version = 0  # bumped whenever a backfill reservation's held GPUs change
         self._strict_block: dict[str, str] = {}  # backfill off: type -> first blocked job
-        self._lend_fails: dict[tuple[str, int, tuple[str, ...]], int] = {}
+        self._lend_fails: dict[tuple[str, int, bool, tuple[str, ...]], int] = {}
 
     # ------------------------------------------------------------------ main loop
 
@@ -153,7 +157,7 @@ class _Planner:
         if t in self._strict_block:
             self.reasons[job.job_id] = f"waiting behind job {self._strict_block[t]} (strict order: backfill is off)"
             return
-        fit = self._find(t, r, g)
+        fit = self._find(t, r, g, self._one_leaf(job))
         if fit is None and self.held:
             fit = self._find_before_reservations(job)
         if fit is not None:
@@ -169,13 +173,17 @@ class _Planner:
 
     # ------------------------------------------------------------------ placement
 
-    def _find(self, t: str, r: int, g: int) -> Fit | None:
-        failed = self._fails.get((t, g))
+    def _one_leaf(self, job: PendingJob) -> bool:
+        return keep_in_leaf(self.ix, job, self.cfg, self.now)
+
+    def _find(self, t: str, r: int, g: int, one_leaf: bool) -> Fit | None:
+        key = (t, g, one_leaf)
+        failed = self._fails.get(key)
         if failed is not None and r >= failed:
             return None
-        fit = find(self.st, t, r, g)
+        fit = find(self.st, t, r, g, one_leaf=one_leaf)
         if fit is None:
-            self._fails[(t, g)] = min(r, failed) if failed is not None else r
+            self._fails[key] = min(r, failed) if failed is not None else r
         return fit
 
     def _find_before_reservations(self, job: PendingJob) -> Fit | None:
@@ -185,13 +193,14 @@ class _Planner:
         if not usable:
             return None
         # The pool (free GPUs plus those lent) only shrinks too, so failures are cached as in _find.
-        key = (job.gpu_type, job.gpus_per_replica, tuple(h.job_id for h in usable))
+        one_leaf = self._one_leaf(job)
+        key = (job.gpu_type, job.gpus_per_replica, one_leaf, tuple(h.job_id for h in usable))
         failed = self._lend_fails.get(key)
         if failed is not None and job.replicas >= failed:
             return None
         lent = sorted({loc for h in usable for loc in h.free_now})
         self.st.give_locs(lent)
-        fit = find(self.st, job.gpu_type, job.replicas, job.gpus_per_replica)
+        fit = find(self.st, job.gpu_type, job.replicas, job.gpus_per_replica, one_leaf=one_leaf)
         if fit is None:
             self._lend_fails[key] = min(job.replicas, failed) if failed is not None else job.replicas
         used = {(ni, p) for ni, positions in fit.replicas for p in positions} if fit else set()
@@ -217,13 +226,14 @@ class _Planner:
         return job.tier == Tier.RESEARCH and self.quota.within_guarantee(job.team, job.gpu_type, job.gpu_count)
 
     def _reclaim(self, job: PendingJob) -> bool:
-        key = (job.tier, job.team, job.gpu_type, job.replicas, job.gpus_per_replica)
+        one_leaf = self._one_leaf(job)
+        key = (job.tier, job.team, job.gpu_type, job.replicas, job.gpus_per_replica, one_leaf)
         if key in self._reclaim_fails:
             return False
         if self._reclaimer is None:
             self._reclaimer = Reclaimer(self.ix, self.running, self.locs, self.borrowed, self.cfg, self.now)
             self._reclaimer.claim((), set(self.reserved))
-        found = self._reclaimer.find(self.st, job)
+        found = self._reclaimer.find(self.st, job, one_leaf=one_leaf)
         if found is None:
             self._reclaim_fails.add(key)
             return False
@@ -283,7 +293,15 @@ class _Planner:
         return out
 
     def _reserve(self, job: PendingJob) -> bool:
-        found = earliest_fit(self.st, self._releases(), self.reserved, job.gpu_type, job.replicas, job.gpus_per_replica)
+        found = earliest_fit(
+            self.st,
+            self._releases(),
+            self.reserved,
+            job.gpu_type,
+            job.replicas,
+            job.gpus_per_replica,
+            one_leaf=self._one_leaf(job),
+        )
         if found is None:
             return False
         start, fit = found
@@ -299,14 +317,21 @@ class _Planner:
     # ------------------------------------------------------------------ reasons
 
     def _shape_reason(self, job: PendingJob) -> str:
-        key = (job.gpu_type, job.replicas, job.gpus_per_replica)
+        key = (job.gpu_type, job.replicas, job.gpus_per_replica, self._one_leaf(job))
         if key not in self._reason_cache:
-            self._reason_cache[key] = reasons.blocked(self.st, *key)
+            self._reason_cache[key] = reasons.blocked(self.st, *key[:3], one_leaf=key[3])
         return self._reason_cache[key]
 
     def _blocked_reason(self, job: PendingJob) -> str:
         # Many queued jobs share a shape; the text only changes when GPUs or holds do.
-        key = (job.gpu_type, job.replicas, job.gpus_per_replica, self.st.type_free.get(job.gpu_type, 0), self._held_version)
+        key = (
+            job.gpu_type,
+            job.replicas,
+            job.gpus_per_replica,
+            self._one_leaf(job),
+            self.st.type_free.get(job.gpu_type, 0),
+            self._held_version,
+        )
         text = self._blocked_cache.get(key)
         if text is None:
             text = self._blocked_cache[key] = self._blocked_text(job)

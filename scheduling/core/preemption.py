@@ -126,8 +126,11 @@ class Reclaimer:
         for ni in nodes:
             self.version[ni] += 1
 
-    def find(self, st: FreeState, job: PendingJob) -> Reclaim | None:
-        """The cheapest topology-valid placement for ``job`` after preempting some running jobs."""
+    def find(self, st: FreeState, job: PendingJob, *, one_leaf: bool = False) -> Reclaim | None:
+        """The cheapest topology-valid placement for ``job`` after preempting some running jobs.
+
+        ``one_leaf``: only a placement under one leaf switch counts (``placement.keep_in_leaf``).
+        """
         need = job.gpu_count
         if st.type_free.get(job.gpu_type, 0) + self.gpus_of_type.get(job.gpu_type, 0) < need:
             return None
@@ -136,7 +139,7 @@ class Reclaimer:
             if found is not None:
                 return found
         usable = [c for c in self.by_type.get(job.gpu_type, []) if c.job.job_id not in self.taken and may_take(job, c)]
-        return self._prefix(st, job, usable) if usable else None
+        return self._prefix(st, job, usable, one_leaf) if usable else None
 
     def _trial(self, st: FreeState, job: PendingJob, chosen: list[Candidate]) -> Reclaim | None:
         """Search with the victims' GPUs freed, on the live state, then put them back."""
@@ -220,7 +223,7 @@ class Reclaimer:
             return None, []
         return (worst, count, lost, ni), chosen
 
-    def _prefix(self, st: FreeState, job: PendingJob, usable: list[Candidate]) -> Reclaim | None:
+    def _prefix(self, st: FreeState, job: PendingJob, usable: list[Candidate], one_leaf: bool) -> Reclaim | None:
         """Free victims in preference order until the gang fits somewhere; keep those the fit uses."""
         need = job.gpu_count
         freed: list[Loc] = []
@@ -236,7 +239,7 @@ class Reclaimer:
             last_of_class = i + 1 == len(usable) or usable[i + 1].cls != cand.cls
             if st.type_free.get(job.gpu_type, 0) < need or (since_check < step and not last_of_class):
                 continue
-            fit = find(st, job.gpu_type, job.replicas, job.gpus_per_replica)
+            fit = find(st, job.gpu_type, job.replicas, job.gpus_per_replica, one_leaf=one_leaf)
             since_check = 0
             checks += 1
             # Check after every victim at first, then less often: the search stays cheap when

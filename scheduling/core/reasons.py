@@ -40,8 +40,12 @@ def never(ix: TopoIndex, gpu_type: str, replicas: int, per_replica: int) -> str 
     return None
 
 
-def blocked(st: FreeState, gpu_type: str, replicas: int, per_replica: int) -> str:
-    """Why a gang of this shape does not fit in the free GPUs of ``st`` now."""
+def blocked(st: FreeState, gpu_type: str, replicas: int, per_replica: int, *, one_leaf: bool = False) -> str:
+    """Why a gang of this shape does not fit in the free GPUs of ``st`` now.
+
+    ``one_leaf``: the gang must stay under one leaf switch (``placement.keep_in_leaf``), so the text
+    says so and compares with the best leaf, not the cluster.
+    """
     ix = st.ix
     need = replicas * per_replica
     free = st.type_free.get(gpu_type, 0)
@@ -54,6 +58,11 @@ def blocked(st: FreeState, gpu_type: str, replicas: int, per_replica: int) -> st
         return f"needs {per_replica} free {gpu_type} on one node; best node has {best_node}"
     caps = [st.leaf_capacity(li, gpu_type, per_replica) for li in range(len(ix.leaf_names))]
     best_leaf, total = max(caps, default=0), sum(caps)
+    if one_leaf:
+        leaf = "under one leaf switch"
+        if per_replica == ix.type_max_node[gpu_type]:
+            return f"needs {replicas} whole nodes of {per_replica} {gpu_type} {leaf}; best leaf has {best_leaf} free"
+        return f"needs {replicas} replicas of {per_replica} {gpu_type} {leaf} (each on one node); best leaf holds {best_leaf}"
     if per_replica == ix.type_max_node[gpu_type]:
         return f"needs {replicas} free nodes of {per_replica} {gpu_type}; best leaf has {best_leaf}, the cluster {total}"
     return (

@@ -11,6 +11,7 @@ portal, trace ids in the simulator). Times are seconds on any monotone scale
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -144,6 +145,9 @@ class Config:
     preemption: bool = True
     backfill: bool = True
     max_reservations: int = 1  # EASY backfill: one reservation
+    # How long (since submit) a multi-node gang that fits in one leaf switch may wait for one
+    # before it may span leaves. inf: never span (like Slurm's --switches=1, Kueue's "required").
+    leaf_wait_s: float = math.inf
 
 
 @dataclass(frozen=True, slots=True)

@@ -122,4 +122,4 @@ def test_gang_is_placed_whole_or_not_at_all():
     busy = [running("r1", [gpu_ids(topo, "n000", [0])]), running("r2", [gpu_ids(topo, "n001", [0])])]
     result = plan(snapshot(topo, running=busy, pending=[pending("j", 2, 8)]), now=0.0)
     assert result.placements == ()
-    assert "needs 2 free nodes of 8 H100; best leaf has 1" in result.pending_reasons["j"]
+    assert "needs 2 whole nodes of 8 H100 under one leaf switch; best leaf has 1 free" in result.pending_reasons["j"]

@@ -26,6 +26,15 @@ def held_by_unit(snap: Snapshot, extra: dict[str, int] | None = None) -> Counter
     return held
 
 
+def leaf_room(snap: Snapshot, gpu_type: str, per_replica: int) -> int:
+    """Replicas of ``per_replica`` GPUs the READY nodes of the roomiest leaf hold when empty."""
+    room: Counter[str] = Counter()
+    for n in snap.topology.nodes:
+        if n.schedulable and n.gpu_type == gpu_type:
+            room[n.leaf] += len(n.gpus) // per_replica
+    return max(room.values(), default=0)
+
+
 def check_plan(snap: Snapshot, result: Plan, now: float) -> None:
     nodes = {n.name: n for n in snap.topology.nodes}
     gpu_node = {g.id: n for n in snap.topology.nodes for g in n.gpus}
@@ -48,6 +57,8 @@ def check_plan(snap: Snapshot, result: Plan, now: float) -> None:
             assert nodes[node_name].schedulable and nodes[node_name].gpu_type == job.gpu_type
         assert p.leaves == len({nodes[n].leaf for n in p.nodes})
         assert p.spines == len({nodes[n].spine for n in p.nodes})
+        if p.leaves > 1 and now - job.submit_time < snap.config.leaf_wait_s:
+            assert job.replicas > leaf_room(snap, job.gpu_type, job.gpus_per_replica), "a gang that fits one leaf spans leaves"
 
     # Every pending job placed or explained, not both.
     placed_ids = {p.job_id for p in result.placements}

@@ -1,5 +1,7 @@
 """Hypothesis strategies: random clusters, quota trees and consistent job mixes."""
 
+import math
+
 from hypothesis import strategies as st
 
 from scheduling.core.testing import cluster, merge
@@ -121,5 +123,7 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         max_reservations=draw(st.integers(1, 2)),
         backfill=draw(st.booleans()) or draw(st.booleans()),
         preemption=draw(st.booleans()) or draw(st.booleans()),
+        # Mostly the strict default; sometimes a bound, so that both sides of it are exercised.
+        leaf_wait_s=draw(st.sampled_from([math.inf, math.inf, 0.0, 50_000.0])),
     )
     return Snapshot(topo, busy, waiting, draw(quota_trees()), config)
