@@ -58,27 +58,25 @@ def admin_session(client, transactional_db):
     return client.cookies["sessionid"].value, org
 
 
-def test_downloaded_csv_parses_and_its_totals_equal_the_page(live_server, admin_session, tmp_path):
-    from playwright.sync_api import sync_playwright
-
+def test_downloaded_csv_parses_and_its_totals_equal_the_page(live_server, admin_session, browser, tmp_path):
+    # pytest-playwright's session browser (launched as tests/conftest.py says): one Playwright per run,
+    # since a second sync Playwright in the same process refuses to start inside the first one's loop.
     session_id, org = admin_session
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-        try:
-            context = browser.new_context(accept_downloads=True)
-            context.add_cookies([{"name": "sessionid", "value": session_id, "url": live_server.url}])
-            page = context.new_page()
-            page.goto(f"{live_server.url}/reports/?month=2026-10")
-            page_totals = {
-                column: float(page.get_attribute(f'#report-totals td[data-column="{column}"]', "data-value") or "nan")
-                for column in COLUMNS
-            }
-            with page.expect_download() as info:
-                page.click("#csv-units")
-            path = tmp_path / "usage.csv"
-            info.value.save_as(path)
-        finally:
-            browser.close()
+    context = browser.new_context(accept_downloads=True)
+    try:
+        context.add_cookies([{"name": "sessionid", "value": session_id, "url": live_server.url}])
+        page = context.new_page()
+        page.goto(f"{live_server.url}/reports/?month=2026-10")
+        page_totals = {
+            column: float(page.get_attribute(f'#report-totals td[data-column="{column}"]', "data-value") or "nan")
+            for column in COLUMNS
+        }
+        with page.expect_download() as info:
+            page.click("#csv-units")
+        path = tmp_path / "usage.csv"
+        info.value.save_as(path)
+    finally:
+        context.close()
     rows = list(csv.DictReader(io.StringIO(path.read_text())))
     assert rows and rows[0].keys() >= {"month", "unit", "gpu_type", *COLUMNS}
     top = [r for r in rows if r["unit_id"] == str(org.root.pk)]

@@ -34,7 +34,9 @@ def test_database_url_postgres_is_parsed():
 
 
 def _manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "YARD_HTTPS"}} | env
+    # Not the browser tests' DJANGO_ALLOW_ASYNC_UNSAFE either: no deployment sets it.
+    unset = {"DEBUG", "YARD_HTTPS", "DJANGO_ALLOW_ASYNC_UNSAFE"}
+    full_env = {k: v for k, v in os.environ.items() if k not in unset} | env
     return subprocess.run(
         [sys.executable, "manage.py", *args], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=120
     )

@@ -18,7 +18,11 @@ def warned_notebook():
     owner = make_user("nora", unit=org.team_a)
     other = make_user("otto", unit=org.team_a)
     job = make_job(
-        team=org.team_a, user=owner, name="my-notebook", kind=JobKind.NOTEBOOK, state=JobState.RUNNING,
+        team=org.team_a,
+        user=owner,
+        name="my-notebook",
+        kind=JobKind.NOTEBOOK,
+        state=JobState.RUNNING,
         idle_warned_at=timezone.now(),
     )
     return job, owner, other
@@ -26,7 +30,7 @@ def warned_notebook():
 
 @pytest.mark.parametrize("path", ["/", "/jobs/"])
 def test_owner_sees_the_idle_warning_on_their_pages(client, warned_notebook, path):
-    job, owner, _ = warned_notebook
+    _, owner, _ = warned_notebook
     client.force_login(owner)
     body = client.get(path).content.decode()
     assert BANNER in body and "my-notebook" in body
