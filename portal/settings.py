@@ -141,6 +141,7 @@ else:
         "data_folder_out": str(_BROKER_DIR / "out"),
         "processed_folder": str(_BROKER_DIR / "processed"),
         "store_processed": False,
+        "control_folder": str(_BROKER_DIR / "control"),
     }
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.filebased.FileBasedCache", "LOCATION": str(VAR_DIR / "cache")}}
 CELERY_TASK_IGNORE_RESULT = True
