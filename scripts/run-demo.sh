@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export DEBUG="${DEBUG:-1}"
 PY=.venv/bin/python
-mkdir -p var/broker/out var/broker/processed var/logs
+mkdir -p var/broker/out var/broker/processed var/broker/control var/logs
 
 $PY manage.py migrate --noinput -v0
 $PY manage.py seed_demo --agent-tokens var/agent-tokens.json
