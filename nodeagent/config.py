@@ -73,6 +73,11 @@ class AgentConfig:
     simulate: str | None = None
     topology_file: Path | None = None
 
+    def __post_init__(self) -> None:
+        # Workloads run in their own working directories: every path the agent hands them (exit-status
+        # file, YARD_SIM_UTIL_FILE, logs) must not depend on the agent's current directory.
+        object.__setattr__(self, "state_dir", self.state_dir.absolute())
+
     @property
     def simulated(self) -> bool:
         return self.simulate is not None or self.topology_file is not None

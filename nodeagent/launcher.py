@@ -30,7 +30,8 @@ def spawn(*, command: str, env: dict[str, str], cwd: Path, log_path: Path, exit_
     """Start `command` with /bin/sh in a new session, stdout and stderr appended to `log_path`."""
     with open(log_path, "ab") as log:
         return subprocess.Popen(
-            ["/bin/sh", "-c", _WRAPPER, "yard-task", command, str(exit_file), _COMMAND_SHELL],
+            # absolute: the wrapper runs in the task's working directory, not the agent's
+            ["/bin/sh", "-c", _WRAPPER, "yard-task", command, str(exit_file.absolute()), _COMMAND_SHELL],
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -55,3 +55,12 @@ def test_backoff_grows_exponentially_with_jitter_up_to_its_cap() -> None:
     assert len(set(delays)) == len(delays)
     backoff.reset()
     assert backoff.next_delay() <= 1.0
+
+
+def test_a_relative_state_dir_is_made_absolute(tmp_path, monkeypatch):
+    # Workloads run in their own directories; a relative state dir would send their exit status astray.
+    from nodeagent.config import AgentConfig
+
+    monkeypatch.chdir(tmp_path)
+    config = AgentConfig(portal="http://127.0.0.1:1", token="ynd_x", state_dir=Path("var/agents/n1"))
+    assert config.state_dir == tmp_path / "var" / "agents" / "n1"
