@@ -35,5 +35,5 @@ def yard(request: HttpRequest) -> dict[str, Any]:
     return {
         "yard": SimpleLazyObject(lambda: _summary(request)),
         # The idle reaper's warnings: a banner on every page of the notebook's owner.
-        "idle_warnings": SimpleLazyObject(lambda: idle_warnings_for(request.user)),
+        "idle_warnings": SimpleLazyObject(lambda: idle_warnings_for(user)),
     }
