@@ -2,7 +2,7 @@
 
 from django.urls import URLPattern, URLResolver, path
 
-from portal.views import cluster, jobs, notebooks, quotas
+from portal.views import cluster, jobs, notebooks, quotas, tokens
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("jobs/", jobs.jobs_list, name="jobs"),
@@ -15,6 +15,8 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("notebooks/<int:pk>/open", notebooks.notebook_open, name="notebook-open"),
     path("notebooks/<int:pk>/stop/", notebooks.notebook_stop, name="notebook-stop"),
     path("cluster/", cluster.cluster, name="cluster"),
+    path("tokens/", tokens.tokens, name="tokens"),
+    path("tokens/<int:pk>/revoke/", tokens.token_revoke_view, name="token-revoke"),
     path("quotas/", quotas.quotas, name="quotas"),
     path("quotas/history/", quotas.quota_history, name="quota-history"),
     path("quotas/units/new/", quotas.unit_add, name="unit-add"),
