@@ -86,37 +86,24 @@ def main() -> None:
 
 
 def run() -> None:
-    from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from django.db import connection
     from django.utils import timezone
     from rest_framework.test import APIClient
 
     from scheduling.cycle import run_cycle_once
-    from scheduling.management.commands.seed_demo import build_cluster
-    from scheduling.models import Job, NodeState, Task
+    from scheduling.models import Job, Task
     from scheduling.services import task_mark_exited, task_mark_running
     from scheduling.states import JobState, TaskState
-    from tenants.models import Role, UnitKind
-    from tenants.services import membership_set, quota_set, token_create_service, unit_create
+    from tenants.services import token_create_service
+    from tests.factories import make_shared_cluster
 
     call_command("migrate", verbosity=0)
-    build_cluster(spines=2, leaves_per_spine=5, layout=(("H100", NODES),), state=NodeState.READY)
-    total = NODES * 8
-    root = unit_create(actor=None, name="Cluster", kind=UnitKind.ROOT, parent=None)
-    quota_set(actor=None, unit=root, gpu_type="H100", guaranteed=total)
-    bu = unit_create(actor=None, name="Research", kind=UnitKind.BUSINESS_UNIT, parent=root)
-    quota_set(actor=None, unit=bu, gpu_type="H100", guaranteed=total)
     clients = []
-    for i in range(4):
-        team = unit_create(actor=None, name=f"team-{i}", kind=UnitKind.TEAM, parent=bu)
-        quota_set(actor=None, unit=team, gpu_type="H100", guaranteed=total // 4, limit=total)
-        user = get_user_model().objects.create_user(username=f"user{i}")
-        membership_set(actor=None, user=user, unit=team, role=Role.MEMBER)
+    for team_user, team in make_shared_cluster(NODES):
         client = APIClient()
-        client.credentials(
-            HTTP_AUTHORIZATION=f"Bearer {token_create_service(actor=None, team=team, name='ci', expires_at=None).raw}"
-        )
+        token = token_create_service(actor=team_user, team=team, name="ci", expires_at=None).raw
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
         clients.append((client, team.slug))
 
     rng = random.Random(1)

@@ -68,3 +68,20 @@ def make_job(*, team: OrgUnit, user: Any, **fields: Any) -> Job:
     defaults: dict[str, Any] = {"name": "train", "gpu_type": "H100", "replicas": 1, "gpus_per_replica": 1, "command": "true"}
     defaults.update(fields)
     return Job.objects.create(team=team, user=user, **defaults)
+
+
+def make_shared_cluster(nodes: int = 200, *, teams: int = 4) -> list[tuple[Any, OrgUnit]]:
+    """``nodes`` READY H100 nodes of 8 GPUs over 2 spines x 5 leaves, and ``teams`` teams sharing them
+    (each guaranteed an equal part, limited to the whole). Returns (user, team) per team."""
+    build_cluster(spines=2, leaves_per_spine=5, layout=(("H100", nodes),), state=NodeState.READY)
+    total = nodes * 8
+    root = unit_create(actor=None, name="Cluster", kind=UnitKind.ROOT, parent=None)
+    quota_set(actor=None, unit=root, gpu_type="H100", guaranteed=total)
+    bu = unit_create(actor=None, name="Research", kind=UnitKind.BUSINESS_UNIT, parent=root)
+    quota_set(actor=None, unit=bu, gpu_type="H100", guaranteed=total)
+    users = []
+    for i in range(teams):
+        team = unit_create(actor=None, name=f"team-{i}", kind=UnitKind.TEAM, parent=bu)
+        quota_set(actor=None, unit=team, gpu_type="H100", guaranteed=total // teams, limit=total)
+        users.append((make_user(f"user{i}", unit=team), team))
+    return users

@@ -11,42 +11,21 @@ import time
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from portal.celery import app
 from scheduling.cycle import APPLY_PAUSE_ENV, run_cycle_once
-from scheduling.management.commands.seed_demo import build_cluster
-from scheduling.models import Allocation, Job, JobEvent, NodeState, SchedulerLease, Task
+from scheduling.models import Allocation, Job, JobEvent, SchedulerLease, Task
 from scheduling.selectors import invariant_violations
 from scheduling.services import JobSpec, job_cancel, job_submit, task_mark_exited, task_mark_running
 from scheduling.states import JobState, TaskState
 from scheduling.tasks import run_cycle
-from tenants.models import Role, UnitKind
-from tenants.services import membership_set, quota_set, unit_create
 from tests.cycle.workers import Worker
+from tests.factories import make_shared_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 SHAPES = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 8), (4, 8), (8, 8)]
-
-
-def big_cluster(nodes: int = 200) -> list:
-    """``nodes`` H100 nodes of 8 GPUs over 2 spines x 5 leaves, and 4 teams sharing them."""
-    build_cluster(spines=2, leaves_per_spine=5, layout=(("H100", nodes),), state=NodeState.READY)
-    total = nodes * 8
-    root = unit_create(actor=None, name="Cluster", kind=UnitKind.ROOT, parent=None)
-    quota_set(actor=None, unit=root, gpu_type="H100", guaranteed=total)
-    bu = unit_create(actor=None, name="Research", kind=UnitKind.BUSINESS_UNIT, parent=root)
-    quota_set(actor=None, unit=bu, gpu_type="H100", guaranteed=total)
-    users = []
-    for i in range(4):
-        team = unit_create(actor=None, name=f"team-{i}", kind=UnitKind.TEAM, parent=bu)
-        quota_set(actor=None, unit=team, gpu_type="H100", guaranteed=total // 4, limit=total)
-        user = get_user_model().objects.create_user(username=f"user{i}")
-        membership_set(actor=None, user=user, unit=team, role=Role.MEMBER)
-        users.append((user, team))
-    return users
 
 
 @pytest.fixture
@@ -91,7 +70,7 @@ def _advance(rng: random.Random, now) -> None:
 
 def test_two_workers_under_a_minute_of_churn_on_200_nodes_keep_every_invariant(workers):
     rng = random.Random(7)
-    users = big_cluster(200)
+    users = make_shared_cluster(200)
     pool = workers(2, YARD_MIN_RUNTIME_S="0")  # spot gangs become preemptible at once
     problems: list[str] = []
     checks = 0
@@ -126,7 +105,7 @@ def test_two_workers_under_a_minute_of_churn_on_200_nodes_keep_every_invariant(w
 
 
 def test_worker_killed_mid_apply_leaves_whole_gangs_and_the_next_cycle_places_the_rest(workers, settings):
-    users = big_cluster(16)
+    users = make_shared_cluster(16)
     user, team = users[0]
     jobs = [job_submit(user=user, spec=JobSpec(name=f"gang-{i}", team=team, replicas=2, gpus_per_replica=8)) for i in range(6)]
     [worker] = workers(1, **{APPLY_PAUSE_ENV: "1.5"})
