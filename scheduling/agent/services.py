@@ -110,6 +110,13 @@ class StatusReport:
     started_at: float | None = None
     ended_at: float | None = None
     notebook_url: str | None = None
+    stop_cause: str | None = None  # why the agent stopped it on its own account (docs/agent-api.md)
+
+
+# An agent that stops work on its own account says why; the job then ends as if the portal had
+# ordered it: past its time limit it fails with TIME_LIMIT, and work stopped because the agent lost
+# the portal is requeued (the node's fault, not the job's) instead of failing on exit status 143.
+_AGENT_STOP_REASONS = {"time_limit": "TIME_LIMIT", "portal_unreachable": "PREEMPTED"}
 
 
 @dataclass
@@ -425,6 +432,11 @@ def task_report_status(*, node: Node, task_id: int, report: StatusReport) -> Tas
         return task  # a repeated exit report
     if task.state not in TASK_LIVE_STATES:
         raise StaleAttempt(task_id)
+    stop_reason = _AGENT_STOP_REASONS.get(report.stop_cause or "")
+    if stop_reason is not None and task.job.stop_requested_at is None:
+        note = "the agent stopped it past its time limit" if stop_reason == "TIME_LIMIT" else "its agent lost the portal"
+        scheduling_services.job_request_stop(job=task.job, reason=stop_reason, actor_label=f"agent {node.name}", note=note)
+        task.refresh_from_db()
     return scheduling_services.task_mark_exited(
         task=task,
         exit_code=report.exit_code,

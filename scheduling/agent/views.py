@@ -94,6 +94,9 @@ class StatusIn(serializers.Serializer[Any]):
     started_at = serializers.FloatField(allow_null=True, required=False, default=None)
     ended_at = serializers.FloatField(allow_null=True, required=False, default=None)
     notebook_url = serializers.CharField(max_length=1024, allow_null=True, allow_blank=True, required=False, default=None)
+    stop_cause = serializers.ChoiceField(
+        choices=["stop", "fenced", "time_limit", "portal_unreachable"], allow_null=True, required=False, default=None
+    )
 
 
 class LogText(serializers.CharField):

@@ -108,3 +108,36 @@ def test_an_unknown_state_is_invalid(agent: AgentClient, gang: Gang) -> None:
     response = agent.post(f"tasks/{task.pk}/status", running(task, state="sleeping"))
     assert response.status_code == 400
     assert "state" in response.json()["errors"]
+
+
+def _stopped_by_agent(agent: AgentClient, other_agent: AgentClient, gang: Gang, cause: str) -> Job:
+    first, second = gang()
+    for client, task in ((agent, first), (other_agent, second)):
+        client.post(f"tasks/{task.pk}/status", running(task))
+    for client, task in ((agent, first), (other_agent, second)):
+        body = exited(task, exit_code=None, signal=15, stopped_by="sigterm", stop_cause=cause)
+        assert client.post(f"tasks/{task.pk}/status", body).status_code == 200
+    return Job.objects.get(pk=first.job_id)
+
+
+def test_a_gang_its_agents_stopped_past_the_time_limit_fails_with_that_reason(
+    agent: AgentClient, other_agent: AgentClient, gang: Gang
+) -> None:
+    job = _stopped_by_agent(agent, other_agent, gang, "time_limit")
+    assert (job.state, job.stop_reason) == (JobState.FAILED, "TIME_LIMIT")
+    assert job.events.filter(reason__contains="past its time limit").exists()
+
+
+def test_a_gang_stopped_because_its_agent_lost_the_portal_is_requeued_not_failed(
+    agent: AgentClient, other_agent: AgentClient, gang: Gang
+) -> None:
+    job = _stopped_by_agent(agent, other_agent, gang, "portal_unreachable")
+    assert (job.state, job.attempt) == (JobState.PENDING, 2)
+    assert job.events.filter(reason__contains="lost the portal").exists()
+    assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
+
+
+def test_an_unknown_stop_cause_is_invalid(agent: AgentClient, gang: Gang) -> None:
+    task = gang()[0]
+    response = agent.post(f"tasks/{task.pk}/status", exited(task, stop_cause="gremlins"))
+    assert response.status_code == 400
