@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from scheduling.core.types import (
-    Locality,
     PendingJob,
     Placement,
     Plan,
@@ -33,6 +32,7 @@ from scheduling.core.types import (
     Snapshot,
     Topology,
 )
+from scheduling.sim.cluster import span
 
 
 class _Index:
@@ -67,15 +67,7 @@ def free_gpus(snapshot: Snapshot, idx: _Index) -> dict[str, list[str]]:
 
 
 def _placement(idx: _Index, job_id: str, replicas: list[tuple[str, ...]], nodes: list[str]) -> Placement:
-    distinct = set(nodes)
-    leaves = len({idx.leaf[n] for n in distinct})
-    spines = len({idx.spine[n] for n in distinct})
-    if len(distinct) == 1:
-        locality = Locality.NODE
-    elif leaves == 1:
-        locality = Locality.LEAF
-    else:
-        locality = Locality.SPINE if spines == 1 else Locality.CLUSTER
+    locality, leaves, spines = span(nodes, idx.leaf, idx.spine)
     return Placement(
         job_id=job_id,
         replicas=tuple(replicas),

@@ -7,11 +7,11 @@ first-fit baselines rely on that, as a rack-ordered kube node list would.
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduling.core.types import Gpu, Node, Topology
+from scheduling.core.types import Gpu, Locality, Node, Topology
 
 ROOT = "cluster"
 
@@ -105,3 +105,15 @@ def scale_guarantees(weights: dict[str, float], teams: Iterable[str], total_gpus
         floor[t] += 1
     out.update(floor)
     return out
+
+
+def span(nodes: Iterable[str], leaf_of: Mapping[str, str], spine_of: Mapping[str, str]) -> tuple[Locality, int, int]:
+    """How a gang on ``nodes`` is spread: (locality at node level or above, leaves spanned, spines spanned)."""
+    distinct = set(nodes)
+    leaves = len({leaf_of[n] for n in distinct})
+    spines = len({spine_of[n] for n in distinct})
+    if len(distinct) == 1:
+        return Locality.NODE, leaves, spines
+    if leaves == 1:
+        return Locality.LEAF, leaves, spines
+    return (Locality.SPINE if spines == 1 else Locality.CLUSTER), leaves, spines

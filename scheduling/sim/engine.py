@@ -36,7 +36,7 @@ from scheduling.core.types import (
     Tier,
     Topology,
 )
-from scheduling.sim.cluster import ROOT, ClusterShape, build_topology, scale_guarantees
+from scheduling.sim.cluster import ROOT, ClusterShape, build_topology, scale_guarantees, span
 from scheduling.sim.trace import TraceJob, gang_shape
 
 _END, _RELEASE = 0, 1
@@ -313,16 +313,8 @@ class Replay:
         if self.cfg.checkpoint_s > 0:
             heappush(self._ckpt_heap, (self.now + self.cfg.checkpoint_s, job_id, s.attempt))
         nodes = [self.gpu_node[r[0]] for r in replicas]
-        distinct = set(nodes)
-        leaves = len({self.node_leaf[n] for n in distinct})
-        spines = len({self.node_spine[n] for n in distinct})
-        if len(distinct) == 1:
-            locality = Locality.NODE
-        elif leaves == 1:
-            locality = Locality.LEAF
-        else:
-            locality = Locality.SPINE if spines == 1 else Locality.CLUSTER
-        self.placements.append(PlacementRecord(job_id, self.now, s.gpus, len(distinct), leaves, locality))
+        locality, leaves, _ = span(nodes, self.node_leaf, self.node_spine)
+        self.placements.append(PlacementRecord(job_id, self.now, s.gpus, len(set(nodes)), leaves, locality))
 
     # ------------------------------------------------------------------ cycle
 
