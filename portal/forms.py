@@ -41,7 +41,20 @@ def format_env(env: dict[str, Any]) -> str:
     return "\n".join(f"{k}={v}" for k, v in env.items())
 
 
-class JobForm(forms.Form):
+class _TeamAndGpuTypeForm(forms.Form):
+    """A form whose ``team`` is chosen among the user's teams and ``gpu_type`` among the cluster's types."""
+
+    def __init__(self, *args: Any, teams: QuerySet[OrgUnit], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        team_field = self.fields["team"]
+        assert isinstance(team_field, forms.ModelChoiceField)
+        team_field.queryset = teams
+        gpu_field = self.fields["gpu_type"]
+        assert isinstance(gpu_field, forms.ChoiceField)
+        gpu_field.choices = gpu_type_choices()
+
+
+class JobForm(_TeamAndGpuTypeForm):
     name = forms.CharField(max_length=200)
     team = forms.ModelChoiceField(queryset=OrgUnit.objects.none(), empty_label=None)
     tier = forms.TypedChoiceField(choices=Tier.choices, coerce=int, initial=Tier.RESEARCH)
@@ -58,15 +71,6 @@ class JobForm(forms.Form):
     checkpoint_dir = forms.CharField(
         max_length=1024, required=False, label="Checkpoint directory", help_text="Empty: one is made under your team's directory"
     )
-
-    def __init__(self, *args: Any, teams: QuerySet[OrgUnit], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        team_field = self.fields["team"]
-        assert isinstance(team_field, forms.ModelChoiceField)
-        team_field.queryset = teams
-        gpu_field = self.fields["gpu_type"]
-        assert isinstance(gpu_field, forms.ChoiceField)
-        gpu_field.choices = gpu_type_choices()
 
     def clean_env(self) -> dict[str, str]:
         return parse_env(self.cleaned_data.get("env") or "")
@@ -110,20 +114,11 @@ class TemplateNameForm(forms.Form):
     title = forms.CharField(max_length=100, label="Template name")
 
 
-class NotebookForm(forms.Form):
+class NotebookForm(_TeamAndGpuTypeForm):
     team = forms.ModelChoiceField(queryset=OrgUnit.objects.none(), empty_label=None)
     gpu_type = forms.ChoiceField(label="GPU type")
     gpus = forms.IntegerField(min_value=1, max_value=8, initial=1, label="GPUs")
     tier = forms.TypedChoiceField(choices=Tier.choices, coerce=int, initial=Tier.RESEARCH)
-
-    def __init__(self, *args: Any, teams: QuerySet[OrgUnit], **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        team_field = self.fields["team"]
-        assert isinstance(team_field, forms.ModelChoiceField)
-        team_field.queryset = teams
-        gpu_field = self.fields["gpu_type"]
-        assert isinstance(gpu_field, forms.ChoiceField)
-        gpu_field.choices = gpu_type_choices()
 
 
 class QuotaForm(forms.Form):
