@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.contrib import messages
@@ -109,24 +109,26 @@ def report_page(request: HttpRequest) -> HttpResponse:
     )
 
 
-@login_required
-@require_GET
-def report_units_csv(request: HttpRequest) -> HttpResponse:
+def _report_csv(
+    request: HttpRequest, *, rows: Callable[[Report], list[dict[str, Any]]], columns: Sequence[str], kind: str
+) -> HttpResponse:
     try:
         report = _report_for(request.user, request.GET)
     except BadReportRequest as exc:
         return HttpResponse(str(exc), status=400, content_type="text/plain")
-    return _csv_response(to_csv(unit_rows(report), UNIT_COLUMNS), f"usage-{_scope(report)}-{report.month.label}.csv")
+    return _csv_response(to_csv(rows(report), columns), f"{kind}-{_scope(report)}-{report.month.label}.csv")
+
+
+@login_required
+@require_GET
+def report_units_csv(request: HttpRequest) -> HttpResponse:
+    return _report_csv(request, rows=unit_rows, columns=UNIT_COLUMNS, kind="usage")
 
 
 @login_required
 @require_GET
 def report_jobs_csv(request: HttpRequest) -> HttpResponse:
-    try:
-        report = _report_for(request.user, request.GET)
-    except BadReportRequest as exc:
-        return HttpResponse(str(exc), status=400, content_type="text/plain")
-    return _csv_response(to_csv(job_rows(report), JOB_COLUMNS), f"jobs-{_scope(report)}-{report.month.label}.csv")
+    return _report_csv(request, rows=job_rows, columns=JOB_COLUMNS, kind="jobs")
 
 
 @login_required
