@@ -9,7 +9,7 @@ import pytest
 from scheduling.core.types import Placement, Plan, Preemption, Snapshot
 from scheduling.sim import baselines
 from scheduling.sim.cluster import ClusterShape, read_team_weights
-from scheduling.sim.engine import PlanError, Policy, Replay, ReplayConfig
+from scheduling.sim.engine import JobState, PlanError, Policy, Replay, ReplayConfig
 from scheduling.sim.policies import make_policy
 from scheduling.sim.trace import TraceJob, load_trace, time_limits
 
@@ -51,6 +51,19 @@ def replay_sample(policy: Policy, *, nodes: int = 48, limit: int | None = None, 
         name="test",
         observer=check_invariants if observer else None,
     )
+
+
+def two_node_starts(jobs: list[TraceJob], policy: Policy) -> dict[str, JobState]:
+    """Replay hand-made ``jobs`` of one team on two 8-GPU nodes with oracle limits: job id -> its state."""
+    replay = Replay(
+        jobs,
+        policy,
+        shape=ClusterShape(nodes=2),
+        limits=time_limits(jobs, "oracle"),
+        team_weights={"t": 1.0},
+        config=ReplayConfig(busy_from=0.0),
+    )
+    return {s.trace.job_id: s for s in replay.run().jobs}
 
 
 def assert_balanced(replay: Replay) -> None:
@@ -129,15 +142,7 @@ def test_preempted_job_loses_work_since_last_checkpoint_and_requeues() -> None:
 
 def test_fifo_head_blocks_smaller_jobs_behind_it() -> None:
     jobs = [job("big", 0.0, 1_000.0, 8), job("head", 1.0, 100.0, 16), job("small", 2.0, 100.0, 1)]
-    replay = Replay(
-        jobs,
-        baselines.fifo,
-        shape=ClusterShape(nodes=2),
-        limits=time_limits(jobs, "oracle"),
-        team_weights={"t": 1.0},
-        config=ReplayConfig(busy_from=0.0),
-    )
-    result = {s.trace.job_id: s for s in replay.run().jobs}
+    result = two_node_starts(jobs, baselines.fifo)
     assert result["small"].first_start is not None and result["head"].first_start is not None
     assert result["small"].first_start >= result["head"].first_start
 
@@ -149,15 +154,7 @@ def test_easy_backfill_starts_short_job_without_delaying_the_head() -> None:
         job("short", 2.0, 500.0, 4),
         job("long", 3.0, 5_000.0, 4),
     ]
-    replay = Replay(
-        jobs,
-        baselines.easy_backfill,
-        shape=ClusterShape(nodes=2),
-        limits=time_limits(jobs, "oracle"),
-        team_weights={"t": 1.0},
-        config=ReplayConfig(busy_from=0.0),
-    )
-    result = {s.trace.job_id: s for s in replay.run().jobs}
+    result = two_node_starts(jobs, baselines.easy_backfill)
     assert result["short"].first_start == 60.0
     assert result["head"].first_start == 1_020.0  # the first cycle after "big" ends at 1,000
     assert result["long"].first_start is not None and result["long"].first_start >= 1_020.0 + 100.0
@@ -166,15 +163,7 @@ def test_easy_backfill_starts_short_job_without_delaying_the_head() -> None:
 def test_first_fit_partial_gang_holds_gpus_idle_until_its_last_pod_binds() -> None:
     jobs = [job("big", 0.0, 1_000.0, 8), job("gang", 1.0, 100.0, 16), job("later", 2.0, 100.0, 8)]
     policy = baselines.KubeFirstFit(timeout_s=10_000.0)
-    replay = Replay(
-        jobs,
-        policy,
-        shape=ClusterShape(nodes=2),
-        limits=time_limits(jobs, "oracle"),
-        team_weights={"t": 1.0},
-        config=ReplayConfig(busy_from=0.0),
-    )
-    result = {s.trace.job_id: s for s in replay.run().jobs}
+    result = two_node_starts(jobs, policy)
     # the gang binds one pod on the free node at t=60 and holds it until "big" ends,
     # so "later" (which would have fit there) waits behind it
     assert result["gang"].first_start == 1_020.0
@@ -185,14 +174,6 @@ def test_first_fit_partial_gang_holds_gpus_idle_until_its_last_pod_binds() -> No
 def test_first_fit_partial_gang_releases_after_timeout() -> None:
     jobs = [job("big", 0.0, 5_000.0, 8), job("gang", 1.0, 100.0, 16), job("later", 2.0, 100.0, 8)]
     policy = baselines.KubeFirstFit(timeout_s=600.0, backoff_s=600.0)
-    replay = Replay(
-        jobs,
-        policy,
-        shape=ClusterShape(nodes=2),
-        limits=time_limits(jobs, "oracle"),
-        team_weights={"t": 1.0},
-        config=ReplayConfig(busy_from=0.0),
-    )
-    result = {s.trace.job_id: s for s in replay.run().jobs}
+    result = two_node_starts(jobs, policy)
     assert result["later"].first_start == 660.0  # the timed-out gang let go at 60 + 600
     assert policy.extra_metrics()["partial_gang_timeouts"] >= 1
