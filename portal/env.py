@@ -73,6 +73,21 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_int_set(name: str, default: frozenset[int]) -> frozenset[int]:
+    """A comma-separated set of non-negative integers ("48,79,95"); empty means none."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    values = set()
+    for item in (part.strip() for part in raw.split(",")):
+        if not item:
+            continue
+        if not item.isdigit():
+            raise ImproperlyConfiguredEnv(f"{name}={raw!r}: {item!r} is not a non-negative integer; write codes like 48,79,95")
+        values.add(int(item))
+    return frozenset(values)
+
+
 def database_from_url(url: str, *, base_dir: Path) -> dict[str, object]:
     """Turn DATABASE_URL into a Django DATABASES entry (postgres:// or sqlite:///path)."""
     parts = urlsplit(url)

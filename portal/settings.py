@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from portal.env import database_from_url, env_bool, env_float, env_int, env_list, env_str
+from portal.env import database_from_url, env_bool, env_float, env_int, env_int_set, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("YARD_VAR_DIR", str(BASE_DIR / "var")))
@@ -174,6 +174,11 @@ YARD = {
     "NODE_DOWN_S": env_float("YARD_NODE_DOWN_S", 300.0, minimum=2),
     "AGENT_STOP_AFTER_S": env_float("YARD_AGENT_STOP_AFTER_S", 120.0, minimum=1),
     "AGENT_ENROLMENT_TOKEN": env_str("YARD_AGENT_ENROLMENT_TOKEN", ""),
+    # XID errors that drain a node (no new work; running work finishes) until an admin resumes it:
+    # those after which NVIDIA's XID catalogue calls for a GPU reset, a reboot or a field check
+    # (double-bit/uncontained/unrecovered ECC, row remapping, micro-controller halt, NVLink, fallen
+    # off the bus, GSP). Application faults (13, 31, 43, 45) are the workload's, not the node's.
+    "XID_DRAIN_CODES": env_int_set("YARD_XID_DRAIN_CODES", frozenset({48, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140})),
     # storage and governance
     "CHECKPOINT_ROOT": env_str("YARD_CHECKPOINT_ROOT", str(VAR_DIR / "checkpoints")),
     "IDLE_NOTEBOOK_TIMEOUT_S": env_float("YARD_IDLE_NOTEBOOK_TIMEOUT_MIN", 45.0, minimum=1) * 60,

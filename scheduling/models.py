@@ -54,6 +54,9 @@ class Node(models.Model):
     state = models.CharField(max_length=10, choices=NodeState.choices, default=NodeState.NOT_READY, db_index=True)
     state_reason = models.CharField(max_length=255, blank=True)
     state_changed_at = models.DateTimeField(default=timezone.now)
+    # A drain that outlives a restart or an outage: set by an admin, a critical XID or a task that
+    # would not die; only an admin's resume clears it (a node back from DOWN comes back DRAINING).
+    hold_reason = models.CharField(max_length=255, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     simulated = models.BooleanField(default=False, help_text="GPUs simulated by the agent (--simulate)")
     token_hash = models.CharField(max_length=64, blank=True, db_index=True)

@@ -8,7 +8,7 @@ import re
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import PurePosixPath
 
 from django.conf import settings
@@ -21,7 +21,7 @@ from django.utils import timezone
 from scheduling.core.admission import admit
 from scheduling.core.types import PendingJob, Verdict
 from scheduling.core.types import Tier as CoreTier
-from scheduling.models import Allocation, Job, JobEvent, JobKind, Node, Task
+from scheduling.models import Allocation, Gpu, Job, JobEvent, JobKind, Node, NodeState, Task
 from scheduling.selectors import snapshot_build, unit_key, yard_number
 from scheduling.states import ACTIVE_STATES, TASK_LIVE_STATES, TERMINAL_STATES, JobState, TaskState, check_transition
 from tenants.models import OrgUnit
@@ -566,3 +566,75 @@ def node_mark_lost(*, node: Node, reason: str) -> list[Job]:
             )
             requeued.append(job)
     return requeued
+
+
+# --------------------------------------------------------------------------- node maintenance (drain / resume)
+
+DRAIN_REASON_MAX = 200
+
+
+@transaction.atomic
+def node_hold(*, node: Node, reason: str, actor: User | None, actor_label: str | None = None) -> Node:
+    """Drain ``node`` and keep it drained until an admin resumes it (Slurm's ``scontrol … state=drain``).
+
+    No new work lands on it; running work is left to finish (cancel or requeue it to empty the node
+    sooner). The hold survives the node going DOWN and coming back: it returns DRAINING, not READY.
+    """
+    reason = " ".join(reason.split())
+    if not reason:
+        raise ValidationError({"reason": "Say why the node is drained (for example 'replace GPU 3'): the cluster map shows it."})
+    if len(reason) > DRAIN_REASON_MAX:
+        raise ValidationError({"reason": f"Keep the reason under {DRAIN_REASON_MAX} characters (it has {len(reason)})."})
+    label = _label(actor, actor_label)
+    text = f"{reason} ({label})"
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    fields = ["hold_reason"]
+    node.hold_reason = text
+    if node.state in (NodeState.READY, NodeState.NOT_READY):
+        node.state, node.state_reason, node.state_changed_at = NodeState.DRAINING, f"drained: {text}", timezone.now()
+        fields += ["state", "state_reason", "state_changed_at"]
+    node.save(update_fields=fields)
+    audit(
+        actor=actor,
+        actor_label=label,
+        action="node.drain",
+        obj=node,
+        message=f"{node.name}: {reason}",
+        data={"state": node.state},
+    )
+    return node
+
+
+@transaction.atomic
+def node_resume(*, node: Node, actor: User | None, actor_label: str | None = None) -> Node:
+    """Clear the hold and return the node to placement; its GPUs marked unhealthy (by an XID) count again.
+
+    A node whose agent has gone quiet comes back NOT_READY and turns READY at its next heartbeat; a
+    DOWN node keeps its state (its agent's return makes it READY).
+    """
+    node = Node.objects.select_for_update().get(pk=node.pk)
+    if node.state != NodeState.DRAINING and not node.hold_reason:
+        raise ValidationError(f"{node.name} is {node.get_state_display()}, not drained: there is nothing to resume.")
+    label = _label(actor, actor_label)
+    fields = ["hold_reason"]
+    node.hold_reason = ""
+    if node.state == NodeState.DRAINING:
+        fresh_after = timezone.now() - timedelta(seconds=yard_number("NODE_NOT_READY_S"))
+        if node.last_heartbeat is not None and node.last_heartbeat >= fresh_after:
+            node.state, node.state_reason = NodeState.READY, f"resumed by {label}"
+            cycle_request()
+        else:
+            node.state, node.state_reason = NodeState.NOT_READY, f"resumed by {label}; waiting for its agent's heartbeat"
+        node.state_changed_at = timezone.now()
+        fields += ["state", "state_reason", "state_changed_at"]
+    node.save(update_fields=fields)
+    repaired = Gpu.objects.filter(node=node, healthy=False).update(healthy=True)
+    audit(
+        actor=actor,
+        actor_label=label,
+        action="node.resume",
+        obj=node,
+        message=f"{node.name}: {node.get_state_display()}" + (f", {repaired} GPU(s) healthy again" if repaired else ""),
+        data={"state": node.state, "gpus_healthy_again": repaired},
+    )
+    return node

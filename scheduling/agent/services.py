@@ -11,7 +11,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -35,6 +35,7 @@ from scheduling.models import (
 )
 from scheduling.states import TASK_LIVE_STATES, TaskState
 from tenants.models import hash_token
+from tenants.services import audit
 
 # --------------------------------------------------------------------------- inputs
 
@@ -232,10 +233,13 @@ def _fold_windows(*, samples: list[tuple[int, GpuSample]], start: datetime) -> N
         cursor.execute(sql, params)
 
 
-def _store_telemetry(*, node: Node, samples: Sequence[GpuSample], now: datetime) -> None:
-    """Latest values on each Gpu, the one-minute windows, XID events: a fixed number of statements."""
+def _store_telemetry(*, node: Node, samples: Sequence[GpuSample], now: datetime) -> list[tuple[Gpu, int]]:
+    """Latest values on each Gpu, the one-minute windows, XID events: a fixed number of statements.
+
+    Returns the XIDs that drain the node (settings.YARD["XID_DRAIN_CODES"]), with their GPUs.
+    """
     if not samples:
-        return
+        return []
     gpus = {gpu.index: gpu for gpu in Gpu.objects.filter(node=node)}
     # Matched by index, not uuid: a node seeded by the portal (the demo) knows its GPUs' places
     # before any agent has reported their uuids.
@@ -251,6 +255,45 @@ def _store_telemetry(*, node: Node, samples: Sequence[GpuSample], now: datetime)
     xids = [XidEvent(gpu=gpu, time=now, code=code) for gpu, s in matched for code in s.xid_errors]
     if xids:
         XidEvent.objects.bulk_create(xids)
+    drain_codes = cast(frozenset[int], settings.YARD["XID_DRAIN_CODES"])
+    return [(event.gpu, event.code) for event in xids if event.code in drain_codes]
+
+
+# What the drain reason says for each XID that drains a node (NVIDIA's XID catalogue).
+XID_MEANING = {
+    48: "double-bit ECC error",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping event",
+    64: "row remapping failure",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    140: "unrecovered ECC error",
+}
+
+
+def _drain_for_xids(*, node: Node, critical: Sequence[tuple[Gpu, int]], now: datetime) -> None:
+    """Take the failing GPUs out of placement and hold the node DRAINING until an admin resumes it.
+
+    Running work is left alone: after most of these errors it dies by itself, and what survives
+    finishes or is requeued by its own failure. A repeat of the same errors changes nothing.
+    """
+    Gpu.objects.filter(pk__in={gpu.pk for gpu, _ in critical}, healthy=True).update(healthy=False)
+    seen = sorted({(gpu.index, code) for gpu, code in critical})
+    what = ", ".join(f"XID {code} ({XID_MEANING.get(code, 'critical')}) on GPU {index}" for index, code in seen)
+    reason = f"{what}: reset or check the GPU, then resume the node"[:255]
+    Node.objects.filter(pk=node.pk, state__in=(NodeState.READY, NodeState.NOT_READY)).update(
+        state=NodeState.DRAINING, state_reason=reason, state_changed_at=now
+    )
+    if not node.hold_reason:
+        Node.objects.filter(pk=node.pk).update(hold_reason=reason)
+        data: dict[str, object] = {"xids": [[index, code] for index, code in seen]}
+        audit(actor=None, actor_label=f"agent {node.name}", action="node.xid_drain", obj=node, message=reason, data=data)
+    node.refresh_from_db(fields=["state", "state_reason", "hold_reason"])
 
 
 def _store_task_facts(*, live: Sequence[Task], reports: Sequence[TaskReport]) -> None:
@@ -301,6 +344,8 @@ def _next_state(*, node: Node, live: Sequence[Task], heartbeat: Heartbeat) -> tu
         state, reason = NodeState.READY, "back after being down; stale work fenced"
     elif state == NodeState.NOT_READY:
         state, reason = NodeState.READY, "heartbeats resumed"
+    if state == NodeState.READY and node.hold_reason:
+        state, reason = NodeState.DRAINING, f"held until an admin resumes it: {node.hold_reason}"[:255]
     if heartbeat.draining_reason and state != NodeState.DRAINING:
         state, reason = NodeState.DRAINING, heartbeat.draining_reason[:255]
     return state, reason
@@ -359,9 +404,15 @@ def node_heartbeat(*, node: Node, heartbeat: Heartbeat, now: datetime | None = N
                 scheduling_services.cycle_request()  # new capacity: place what waits now, not at the next beat
         else:
             node.refresh_from_db(fields=["state", "state_reason"])
+    if heartbeat.draining_reason and not node.hold_reason:
+        # The agent could not kill a task: a person must look at the node before it takes work again.
+        node.hold_reason = heartbeat.draining_reason[:255]
+        Node.objects.filter(pk=node.pk).update(hold_reason=node.hold_reason)
     node.last_heartbeat = now
     live = _settle_never_started(live=live, reports=heartbeat.tasks, now=now)
-    _store_telemetry(node=node, samples=heartbeat.gpus, now=now)
+    critical = _store_telemetry(node=node, samples=heartbeat.gpus, now=now)
+    if critical:
+        _drain_for_xids(node=node, critical=critical, now=now)
     _store_task_facts(live=live, reports=heartbeat.tasks)
     return HeartbeatResult(node_state=node.state, live_tasks=live)
 
@@ -474,10 +525,13 @@ def task_log_append(*, node: Node, task_id: int, attempt: int, offset: int, data
 
 @transaction.atomic
 def node_drain(*, node: Node, reason: str, now: datetime | None = None) -> str:
-    """Take the node out of placement (an admin undrains it). A DOWN node stays DOWN until it is back."""
+    """Take the node out of placement until an admin resumes it (scheduling.services.node_resume).
+
+    A DOWN node stays DOWN until it is back, and then comes back DRAINING."""
     now = now or timezone.now()
     Node.objects.filter(pk=node.pk).exclude(state__in=(NodeState.DRAINING, NodeState.DOWN)).update(
         state=NodeState.DRAINING, state_reason=reason[:255], state_changed_at=now
     )
-    node.refresh_from_db(fields=["state", "state_reason"])
+    Node.objects.filter(pk=node.pk, hold_reason="").update(hold_reason=reason[:255])
+    node.refresh_from_db(fields=["state", "state_reason", "hold_reason"])
     return node.state

@@ -180,7 +180,7 @@ def test_ended_and_lost_tasks_leave_desired(agent: AgentClient, gang: Gang, node
 
 def _heartbeat_queries(agent: AgentClient, tasks: list[Task], gpus: int) -> int:
     body = heartbeat_body(
-        gpus=[sample(i, xid_errors=[79]) for i in range(gpus)],
+        gpus=[sample(i, xid_errors=[13]) for i in range(gpus)],  # an application XID: recorded, drains nothing
         tasks=[task_report(t, checkpoint_time=1796012345.0 + t.pk) for t in tasks],
     )
     with CaptureQueriesContext(connection) as queries:

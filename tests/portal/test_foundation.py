@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from portal.env import ImproperlyConfiguredEnv, database_from_url, env_bool, env_int
+from portal.env import ImproperlyConfiguredEnv, database_from_url, env_bool, env_int, env_int_set
 from tests.factories import make_org, make_user
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,6 +21,16 @@ def test_env_int_rejects_text(monkeypatch):
     monkeypatch.setenv("X_N", "ten")
     with pytest.raises(ImproperlyConfiguredEnv, match="X_N='ten' is not an integer"):
         env_int("X_N", 1)
+
+
+def test_env_int_set_reads_codes_and_names_a_bad_one(monkeypatch):
+    monkeypatch.setenv("X_CODES", " 48, 79,,95 ")
+    assert env_int_set("X_CODES", frozenset()) == {48, 79, 95}
+    monkeypatch.setenv("X_CODES", "")
+    assert env_int_set("X_CODES", frozenset({1})) == frozenset()
+    monkeypatch.setenv("X_CODES", "48,xid79")
+    with pytest.raises(ImproperlyConfiguredEnv, match="'xid79' is not a non-negative integer; write codes like 48,79,95"):
+        env_int_set("X_CODES", frozenset())
 
 
 def test_database_url_with_unknown_scheme_says_what_to_write():
