@@ -4,14 +4,21 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+from django import forms
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpRequest, HttpResponse
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
 
-from portal.views.common import partial, team_colour
+from portal.views.common import add_service_errors, partial, signed_in, team_colour
 from scheduling.models import Allocation, Gpu, Node, NodeState
+from scheduling.services import DRAIN_REASON_MAX, node_hold, node_resume
+from tenants.selectors import is_cluster_admin
 
 
 @dataclass
@@ -105,12 +112,64 @@ def cluster_layout() -> tuple[list[SpineBox], dict[str, Any]]:
         # Free GPUs on a partly used node serve only small jobs: that is the fragmentation to watch.
         if 0 < box.free < len(box.gpus):
             totals["fragmented_free"] += box.free
-    summary = {**totals, "teams": sorted(teams.items()), "nodes": len(nodes)}
-    summary["not_ready"] = [n for n in nodes if n.state != NodeState.READY]
+    summary = {**totals, "teams": sorted(teams.items()), "nodes": len(nodes), "all_nodes": nodes}
+    summary["not_ready"] = [n for n in nodes if n.state != NodeState.READY or n.hold_reason]
     return list(spines.values()), summary
+
+
+class NodeMaintenanceForm(forms.Form):
+    """Drain a node (no new work; running work finishes) or resume it: cluster admins only."""
+
+    node = forms.ChoiceField(label="Node")
+    reason = forms.CharField(
+        label="Reason (needed to drain)",
+        required=False,
+        max_length=DRAIN_REASON_MAX,
+        widget=forms.TextInput(attrs={"placeholder": "e.g. replace GPU 3, firmware update"}),
+    )
+    action = forms.ChoiceField(choices=[("drain", "Drain"), ("resume", "Resume")])
+
+    def __init__(self, *args: Any, nodes: list[Node], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.nodes = {node.name: node for node in nodes}
+        cast(forms.ChoiceField, self.fields["node"]).choices = [(n.name, f"{n.name} ({n.get_state_display()})") for n in nodes]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("action") == "drain" and not (data.get("reason") or "").strip():
+            self.add_error("reason", "Say why the node is drained (for example 'replace GPU 3'): the cluster map shows it.")
+        return data
+
+
+def _page(request: HttpRequest, *, form: NodeMaintenanceForm | None = None, status: int = 200) -> HttpResponse:
+    spines, summary = cluster_layout()
+    context: dict[str, Any] = {"spines": spines, "summary": summary}
+    if is_cluster_admin(request.user) and not getattr(request, "htmx", False):
+        context["maintenance_form"] = form or NodeMaintenanceForm(nodes=summary["all_nodes"])
+    return render(request, partial(request, "portal/cluster.html", "map"), context, status=status)
 
 
 @login_required
 def cluster(request: HttpRequest) -> HttpResponse:
-    spines, summary = cluster_layout()
-    return render(request, partial(request, "portal/cluster.html", "map"), {"spines": spines, "summary": summary})
+    return _page(request)
+
+
+@login_required
+@require_POST
+def node_maintenance(request: HttpRequest) -> HttpResponse:
+    if not is_cluster_admin(request.user):
+        raise PermissionDenied("Only cluster admins drain and resume nodes.")
+    form = NodeMaintenanceForm(request.POST, nodes=list(Node.objects.order_by("name")))
+    if form.is_valid():
+        node, actor = form.nodes[form.cleaned_data["node"]], signed_in(request)
+        try:
+            if form.cleaned_data["action"] == "drain":
+                node = node_hold(node=node, reason=form.cleaned_data["reason"], actor=actor)
+                messages.success(request, f"{node.name} drained: no new work lands on it; running work finishes.")
+            else:
+                node = node_resume(node=node, actor=actor)
+                messages.success(request, f"{node.name} resumed ({node.get_state_display()}).")
+            return HttpResponseRedirect(reverse("cluster"))
+        except ValidationError as error:
+            add_service_errors(form, error)
+    return _page(request, form=form, status=400)

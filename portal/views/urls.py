@@ -15,6 +15,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("notebooks/<int:pk>/open", notebooks.notebook_open, name="notebook-open"),
     path("notebooks/<int:pk>/stop/", notebooks.notebook_stop, name="notebook-stop"),
     path("cluster/", cluster.cluster, name="cluster"),
+    path("cluster/nodes/", cluster.node_maintenance, name="node-maintenance"),
     path("tokens/", tokens.tokens, name="tokens"),
     path("tokens/<int:pk>/revoke/", tokens.token_revoke_view, name="token-revoke"),
     path("quotas/", quotas.quotas, name="quotas"),
