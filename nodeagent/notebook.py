@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import secrets
@@ -32,11 +33,21 @@ def plan_notebook(*, address: str, env: dict[str, str]) -> NotebookInfo:
     return NotebookInfo(url=f"http://{host}:{port}{base_url}?token={token}", port=port, token=token, base_url=base_url)
 
 
+def jupyter_app() -> list[str]:
+    """JupyterLab where it is installed (what users expect to open), else the bare Jupyter server."""
+    if importlib.util.find_spec("jupyterlab") is not None:
+        # No update or news check: GPU nodes often have no way out, and a notebook must not wait on one.
+        return ["jupyterlab", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url=None"]
+    return ["jupyter_server"]
+
+
 def notebook_command(info: NotebookInfo, *, address: str, root_dir: Path) -> str:
+    app, *app_options = jupyter_app()
     argv = [
         sys.executable,
         "-m",
-        "jupyter_server",
+        app,
+        *app_options,
         f"--ServerApp.ip={address}",
         f"--ServerApp.port={info.port}",
         "--ServerApp.port_retries=0",

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import stat
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -118,6 +120,77 @@ def test_a_notebook_runs_jupyter_with_a_token_and_reports_its_activity(portal: F
     exited = portal.wait_for(lambda: portal.statuses_of(22, "exited"), timeout=20, what="notebook stopped")[-1]
     assert exited["stopped_by"] == "sigterm"
     assert wait_gone(int(running["pid"]), timeout=2)
+
+
+def _execute_over_websocket(base: str, token: str, kernel_id: str, code: str) -> None:
+    """Send one execute_request on the kernel's websocket, as JupyterLab in a browser does, and return
+    once the kernel has gone busy on it (the connection closes; the code runs on)."""
+    from tornado.websocket import websocket_connect
+
+    async def run() -> None:
+        url = base.replace("http://", "ws://") + f"api/kernels/{kernel_id}/channels?token={token}"
+        connection = await websocket_connect(url)
+        msg_id = uuid.uuid4().hex
+        header = {
+            "msg_id": msg_id,
+            "username": "test",
+            "session": uuid.uuid4().hex,
+            "msg_type": "execute_request",
+            "version": "5.3",
+        }
+        content = {"code": code, "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False}
+        message = {"header": header, "parent_header": {}, "metadata": {}, "content": content, "channel": "shell", "buffers": []}
+        await connection.write_message(json.dumps(message))
+        while True:
+            reply = await asyncio.wait_for(connection.read_message(), timeout=30)
+            assert reply is not None, "the kernel's websocket closed"
+            body = json.loads(reply)
+            if body.get("parent_header", {}).get("msg_id") == msg_id and body["content"].get("execution_state") == "busy":
+                connection.close()
+                return
+
+    asyncio.run(run())
+
+
+def test_a_notebook_kernel_running_code_is_reported_busy(portal: FakePortal, start_agent: StartAgent) -> None:
+    """The real path behind `kernel_busy`: JupyterLab, an ipykernel, and code running in it."""
+    start_agent()
+    spec = task_spec(23, "", kind="notebook", grace_s=10)
+    portal.set_desired("node-t1", [spec])
+    url = portal.wait_for(lambda: portal.statuses_of(23, "running"), what="notebook started")[0]["notebook_url"]
+    base, token = url.split("?token=")
+
+    def answers() -> object:
+        try:
+            return _get_json(f"{base}api/status?token={token}")
+        except OSError:
+            return None
+
+    portal.wait_for(answers, timeout=60, what="jupyter /api/status")
+    assert "/lab" in urllib.request.urlopen(f"{base}?token={token}", timeout=10).url  # JupyterLab is what opens
+    request = urllib.request.Request(f"{base}api/kernels?token={token}", data=b'{"name": "python3"}', method="POST")
+    request.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(request, timeout=30) as response:
+        kernel_id = json.loads(response.read())["id"]
+    _execute_over_websocket(base, token, kernel_id, "import time; time.sleep(20)")
+
+    def reported(busy: bool) -> Callable[[], dict[str, object] | None]:
+        def check() -> dict[str, object] | None:
+            beats = portal.heartbeats("node-t1")
+            notebook = next((t["notebook"] for t in beats[-1]["tasks"] if t["task_id"] == 23), None) if beats else None
+            return notebook if notebook and notebook["kernel_busy"] is busy else None
+
+        return check
+
+    notebook = portal.wait_for(reported(True), timeout=15, what="kernel_busy in a heartbeat")
+    assert notebook["kernels"] == 1 and notebook["last_activity"] is not None
+    # Interrupting the cell ends the busy spell, and the next heartbeat says so.
+    interrupt = urllib.request.Request(f"{base}api/kernels/{kernel_id}/interrupt?token={token}", data=b"", method="POST")
+    urllib.request.urlopen(interrupt, timeout=10).close()
+    portal.wait_for(reported(False), timeout=15, what="kernel idle again in a heartbeat")
+    portal.set_desired("node-t1", [{**spec, "action": "stop"}])
+    exited = portal.wait_for(lambda: portal.statuses_of(23, "exited"), timeout=20, what="notebook stopped")[-1]
+    assert exited["stopped_by"] == "sigterm"
 
 
 def test_an_unreadable_journal_stops_the_agent_with_a_message_instead_of_guessing(portal: FakePortal, tmp_path: Path) -> None:
