@@ -32,6 +32,7 @@ from nodeagent.config import (
     LOG_CHUNKS_PER_ROUND,
     LOG_SHIP_INTERVAL_S,
     MAX_GRACE_S,
+    MAX_ORDERED_GRACE_S,
     MAX_PENDING_XIDS,
     AgentConfig,
     with_portal_limits,
@@ -105,8 +106,12 @@ def newest_mtime(root: Path) -> float | None:
 
 
 def _grace(value: Any, *, default: float) -> float:
-    """The spec's grace period (0 is a valid one), capped so the liveness arithmetic holds."""
-    return min(default if value is None else max(0.0, float(value)), MAX_GRACE_S)
+    """The spec's grace period (0 is a valid one), as the portal ordered it (bounded against nonsense).
+
+    A long grace cannot break the liveness arithmetic: while the portal answers it knows the task is
+    stopping, and once the agent loses it _check_liveness cuts every grace to MAX_GRACE_S.
+    """
+    return min(default if value is None else max(0.0, float(value)), MAX_ORDERED_GRACE_S)
 
 
 def utf8_cut(raw: bytes) -> int:
@@ -634,8 +639,10 @@ class Agent:
         if running and not self.liveness_tripped:
             self.log.error("portal unreachable for %.0f s: stopping %d task(s)", self.clock() - self.last_contact, len(running))
         self.liveness_tripped = True
-        for record in running:
-            self._request_stop(record, cause="portal_unreachable", grace_s=record.grace_s, reason=None)
+        # Stopping ones too: a long grace the portal ordered is cut short, so that everything here is
+        # gone before the portal declares the node DOWN and starts the work elsewhere.
+        for record in [r for r in self.records.values() if r.state in ("running", "stopping")]:
+            self._request_stop(record, cause="portal_unreachable", grace_s=min(record.grace_s, MAX_GRACE_S), reason=None)
 
     # -- logs and status reports -----------------------------------------------------------------------
     def _ship_logs(self) -> None:

@@ -20,7 +20,10 @@ HEARTBEAT_INTERVAL_S = 10.0
 STOP_AFTER_S = 120.0
 # The portal's timeout before a silent node is DOWN; the agent only checks the relation above.
 NODE_DOWN_AFTER_S = 300.0
+# The most grace the agent gives when it stops work on its own because it lost the portal (the
+# relation above); a stop the portal orders gets the grace it asks for, up to MAX_ORDERED_GRACE_S.
 MAX_GRACE_S = 60.0
+MAX_ORDERED_GRACE_S = 3600.0
 DEFAULT_GRACE_S = 60.0
 # Fencing is for work the portal no longer wants at all: a short grace, no checkpoint expected.
 FENCE_GRACE_S = 5.0

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent import launcher
+from nodeagent.config import MAX_GRACE_S
 from tests.nodeagent.conftest import RunningAgent, task_spec, wait_gone
 from tests.nodeagent.fakeportal import FakePortal
 
@@ -158,6 +159,29 @@ def test_a_workload_ignoring_sigterm_is_killed_when_the_grace_ends(portal: FakeP
     assert (status["stopped_by"], status["signal"]) == ("sigkill", 9)
     assert status["ended_at"] - status["started_at"] >= 1  # type: ignore[operator]
     assert wait_gone(pid, timeout=2)
+
+
+def test_an_ordered_grace_longer_than_a_minute_is_given_in_full(portal: FakePortal, start_agent: StartAgent) -> None:
+    agent = start_agent()
+    spec = task_spec(14, "trap '' TERM; while :; do sleep 0.1; done", grace_s=600)
+    portal.set_desired("node-t1", [spec])
+    running_pid(portal, 14)
+    portal.set_desired("node-t1", [{**spec, "action": "stop", "grace_s": 600}])
+    record = portal.wait_for(lambda: (r := agent.record(14)) and r.state == "stopping" and r, what="task 14 stopping")
+    assert record.stop_deadline - record.sigterm_at == 600
+
+
+def test_losing_the_portal_mid_stop_cuts_a_long_grace_to_the_liveness_bound(portal: FakePortal, start_agent: StartAgent) -> None:
+    agent = start_agent(stop_after_s=1.0)
+    spec = task_spec(15, "trap '' TERM; while :; do sleep 0.1; done", grace_s=600)
+    portal.set_desired("node-t1", [spec])
+    running_pid(portal, 15)
+    portal.set_desired("node-t1", [{**spec, "action": "stop", "grace_s": 600}])
+    record = portal.wait_for(lambda: (r := agent.record(15)) and r.state == "stopping" and r, what="task 15 stopping")
+    portal.stop()
+    portal.wait_for(lambda: record.stop_deadline - record.sigterm_at < 600, timeout=10, what="the grace cut short")
+    assert record.stop_deadline - agent.agent.clock() <= MAX_GRACE_S
+    assert record.stop_cause == "stop"  # still the portal's stop, only sooner
 
 
 def test_processes_the_workload_forked_die_with_it(portal: FakePortal, start_agent: StartAgent, tmp_path: Path) -> None:
