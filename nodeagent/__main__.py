@@ -52,6 +52,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--spine", help="spine switch name")
     parser.add_argument("--heartbeat-interval", type=float, dest="heartbeat_interval_s")
     parser.add_argument("--stop-after", type=float, dest="stop_after_s", help="stop workloads after this long without the portal")
+    parser.add_argument(
+        "--run-as-owner",
+        action="store_true",
+        default=None,
+        dest="run_as_owner",
+        help="run each task as the local account of its owner's portal username (needs root)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("--version", action="version", version=__version__)
     return parser
@@ -97,6 +104,7 @@ def run(args: argparse.Namespace, file_values: dict[str, Any]) -> int:
             "stop_after_s",
             "simulate",
             "topology_file",
+            "run_as_owner",
         )
     }
     config: AgentConfig = build_config(file_values=file_values, cli_values=cli_values)

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import os
+import pwd
 import signal
 import subprocess
 import threading
@@ -159,6 +160,8 @@ class Agent:
     def run(self) -> None:
         """Register if needed, adopt what the journal says runs, then loop until stopped."""
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        if self.config.run_as_owner:
+            self._open_task_dirs()
         token = self._node_token()
         if token is None:
             return  # stopped while registering
@@ -452,9 +455,53 @@ class Agent:
         path = Path(str(raw)) if raw else Path(f"job-{spec['job_id']}")
         return path if path.is_absolute() else self.state_dir / "checkpoints" / path
 
-    def _task_env(self, spec: dict[str, Any], record: TaskRecord) -> dict[str, str]:
+    def _open_task_dirs(self) -> None:
+        """Task owners must be able to reach their working directories (search permission on every
+        directory above them), and nothing more: the tasks and checkpoints folders are mode 0711."""
+        for folder in (self.state_dir, *self.state_dir.parents):
+            mode = folder.stat().st_mode
+            if not mode & 0o001:
+                raise AgentFatal(
+                    f"--run-as-owner: task owners cannot reach {self.state_dir}, because {folder} is mode "
+                    f"{mode & 0o777:o}; give it o+x (chmod o+x {folder}) or choose another --state-dir"
+                )
+        for name in ("tasks", "checkpoints"):
+            (self.state_dir / name).mkdir(exist_ok=True)
+            (self.state_dir / name).chmod(0o711)
+
+    def _owner_account(self, spec: dict[str, Any]) -> tuple[pwd.struct_passwd | None, str]:
+        """The local account of the task's owner, or None and what to do about it."""
+        owner = str(spec.get("user") or "")
+        if not owner:
+            return None, "the portal sent no owner for this task, and this agent runs tasks as their owners (--run-as-owner)"
+        try:
+            account = pwd.getpwnam(owner)
+        except KeyError:
+            return None, (
+                f"the job's owner {owner!r} has no local account on node {self.config.name}: add the account "
+                "(LDAP/SSSD or useradd), or run the agent without --run-as-owner"
+            )
+        if account.pw_uid == 0:
+            return None, f"refusing to run a task as root (owner {owner!r} maps to uid 0)"
+        return account, ""
+
+    def _hand_over(self, record: TaskRecord, account: pwd.struct_passwd) -> None:
+        """The owner gets its working directory, checkpoint directory and (simulated) utilisation file;
+        the task directory itself, with the log and the exit status, stays the agent's."""
+        Path(record.workdir).chmod(0o711)
+        record.run_dir.mkdir(mode=0o700, exist_ok=True)
+        ids = (account.pw_uid, account.pw_gid)
+        if self.gpus.simulated:
+            record.util_file.touch()
+            os.chown(record.util_file, *ids)
+        for path in (record.run_dir, Path(record.checkpoint_dir)):
+            os.chown(path, *ids)
+
+    def _task_env(self, spec: dict[str, Any], record: TaskRecord, account: pwd.struct_passwd | None = None) -> dict[str, str]:
         gpus = [int(i) for i in spec.get("gpus") or []]
         env = {**os.environ, **{str(k): str(v) for k, v in (spec.get("env") or {}).items()}}
+        if account is not None:
+            env.update({"HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name})
         # The agent's variables win over the spec's: a task must not widen its own GPUs.
         env.update(
             {
@@ -471,7 +518,7 @@ class Agent:
                 "YARD_ATTEMPT": str(record.attempt),
                 "YARD_NUM_GPUS": str(len(gpus)),
                 "YARD_CHECKPOINT_DIR": record.checkpoint_dir,
-                "YARD_WORKDIR": record.workdir,
+                "YARD_WORKDIR": str(record.run_dir),
                 "YARD_LAUNCH_ID": record.launch_id,
             }
         )
@@ -500,13 +547,24 @@ class Agent:
         if unknown:
             self._launch_failed(record, f"this node has no GPU {unknown}")
             return
+        account: pwd.struct_passwd | None = None
+        if self.config.run_as_owner:
+            account, problem = self._owner_account(spec)
+            if account is None:
+                self._launch_failed(record, problem)
+                return
+            record.run_as = account.pw_name
         try:
             workdir.mkdir(parents=True, exist_ok=True)
             Path(record.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-            env = self._task_env(spec, record)
+            if account is not None:
+                self._hand_over(record, account)
+            env = self._task_env(spec, record, account)
             if record.kind == "notebook":
                 record.notebook = notebook.plan_notebook(address=self.config.address, env=env)
-                command = notebook.notebook_command(record.notebook, address=self.config.address, root_dir=workdir)
+                command = notebook.notebook_command(record.notebook, address=self.config.address, root_dir=record.run_dir)
+                # Jupyter's runtime files (kernel connection files) per task, whatever the owner's home.
+                env["JUPYTER_RUNTIME_DIR"] = str(record.run_dir / ".jupyter-runtime")
         except OSError as exc:
             self._launch_failed(record, f"cannot prepare the task: {exc}")
             return
@@ -515,7 +573,14 @@ class Agent:
         self.records[record.key] = record
         self._save()
         try:
-            child = launcher.spawn(command=command, env=env, cwd=workdir, log_path=record.log_path, exit_file=record.exit_file)
+            child = launcher.spawn(
+                command=command,
+                env=env,
+                cwd=record.run_dir,
+                log_path=record.log_path,
+                exit_file=record.exit_file,
+                owner=(account.pw_uid, account.pw_gid) if account is not None else None,
+            )
         except OSError as exc:
             self._launch_failed(record, f"cannot start the task: {exc}")
             return

@@ -9,6 +9,8 @@ a node that lost the portal must be gone before the portal declares the node DOW
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import tomllib
 from dataclasses import dataclass, field, fields, replace
@@ -75,6 +77,9 @@ class AgentConfig:
     # "8xH100" for simulated GPUs; None means real GPUs through NVML.
     simulate: str | None = None
     topology_file: Path | None = None
+    # Run each task as the local account named like its owner in the portal (as Slurm runs a job as
+    # its user); needs root. Off: tasks run as the agent's user (a simulated cluster, a single user).
+    run_as_owner: bool = False
 
     def __post_init__(self) -> None:
         # Workloads run in their own working directories: every path the agent hands them (exit-status
@@ -89,6 +94,7 @@ class AgentConfig:
 _TOML_KEYS = {f.name for f in fields(AgentConfig)} - {"portal", "token"}
 _FLOAT_KEYS = {"heartbeat_interval_s", "stop_after_s", "fence_grace_s", "unkillable_after_s", "http_timeout_s", "tick_s"}
 _PATH_KEYS = {"state_dir", "topology_file"}
+_BOOL_KEYS = {"run_as_owner"}
 
 
 def load_toml(path: Path) -> dict[str, Any]:
@@ -108,6 +114,10 @@ def load_toml(path: Path) -> dict[str, Any]:
             values[key] = float(value)
         elif key in _PATH_KEYS:
             values[key] = Path(str(value))
+        elif key in _BOOL_KEYS:
+            if not isinstance(value, bool):
+                raise ConfigError(f"{path}: {key} must be true or false, not {value!r}")
+            values[key] = value
         elif not isinstance(value, str):
             raise ConfigError(f"{path}: {key} must be a string, not {value!r}")
         else:
@@ -122,6 +132,11 @@ def build_config(*, file_values: dict[str, Any], cli_values: dict[str, Any]) -> 
         if not merged.get(required):
             raise ConfigError(f"--{required} is required (on the command line or in the config file)")
     config = AgentConfig(**merged)
+    if config.run_as_owner:
+        if os.geteuid() != 0:
+            raise ConfigError("--run-as-owner needs the agent to run as root: it switches to each task owner's account")
+        if shutil.which("setpriv") is None:
+            raise ConfigError("--run-as-owner needs setpriv (util-linux) on the node")
     if config.stop_after_s + MAX_GRACE_S + config.fence_grace_s + config.heartbeat_interval_s >= NODE_DOWN_AFTER_S:
         raise ConfigError(
             f"stop_after_s={config.stop_after_s} is too long: stale work would outlive the portal's "

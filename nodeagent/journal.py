@@ -56,6 +56,8 @@ class TaskRecord:
     log_file_pos: int = 0
     log_offset: int = 0
     log_closed: bool = False
+    # The local account the task runs as (--run-as-owner), or None: it runs as the agent's user.
+    run_as: str | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -68,6 +70,13 @@ class TaskRecord:
     @property
     def exit_file(self) -> Path:
         return Path(self.workdir) / "exit-status"
+
+    @property
+    def run_dir(self) -> Path:
+        """The task's working directory. Run as its owner, a task gets a subdirectory it owns, and the
+        files the agent reads or writes as root (log, exit status) stay where the task cannot swap
+        them for links."""
+        return Path(self.workdir) / "work" if self.run_as else Path(self.workdir)
 
     @property
     def util_file(self) -> Path:

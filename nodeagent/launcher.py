@@ -22,16 +22,31 @@ from pathlib import Path
 # so the workload itself receives SIGTERM and its own exit status is reported. Debian's /bin/sh
 # (dash) forks instead, and the intermediate shell would die of the SIGTERM first (status 143)
 # even when the workload traps it, checkpoints and exits 0.
-_WRAPPER = 'trap ":" TERM INT HUP; "$3" -c "$1"; rc=$?; echo "$rc" > "$2.tmp" && mv "$2.tmp" "$2"; exit "$rc"'
+# With an owner (--run-as-owner), the wrapper stays the agent's (root) and writes the status file where
+# the workload cannot; only the command switches to the owner's uid, gid and groups through setpriv.
+_WRAPPER = (
+    'trap ":" TERM INT HUP; cmd=$1; out=$2; shift 2; "$@" -c "$cmd"; rc=$?; '
+    'echo "$rc" > "$out.tmp" && mv "$out.tmp" "$out"; exit "$rc"'
+)
 _COMMAND_SHELL = shutil.which("bash") or "/bin/sh"
+SETPRIV = shutil.which("setpriv")
 
 
-def spawn(*, command: str, env: dict[str, str], cwd: Path, log_path: Path, exit_file: Path) -> subprocess.Popen[bytes]:
-    """Start `command` with /bin/sh in a new session, stdout and stderr appended to `log_path`."""
+def spawn(
+    *, command: str, env: dict[str, str], cwd: Path, log_path: Path, exit_file: Path, owner: tuple[int, int] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start `command` in a new session, stdout and stderr appended to `log_path`; as (uid, gid) `owner`
+    if given (the agent must be root, and setpriv installed)."""
+    shell = [_COMMAND_SHELL]
+    if owner is not None:
+        if SETPRIV is None:
+            raise OSError("setpriv (util-linux) is not installed: it is needed to run a task as its owner")
+        uid, gid = owner
+        shell = [SETPRIV, f"--reuid={uid}", f"--regid={gid}", "--init-groups", "--", _COMMAND_SHELL]
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             # absolute: the wrapper runs in the task's working directory, not the agent's
-            ["/bin/sh", "-c", _WRAPPER, "yard-task", command, str(exit_file.absolute()), _COMMAND_SHELL],
+            ["/bin/sh", "-c", _WRAPPER, "yard-task", command, str(exit_file.absolute()), *shell],
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,

@@ -372,7 +372,7 @@ def live_tasks_of(*, node: Node) -> list[Task]:
     """The node's live tasks with their jobs and live GPU allocations (two queries, whatever the count)."""
     return list(
         Task.objects.filter(node=node, state__in=TASK_LIVE_STATES)
-        .select_related("job")
+        .select_related("job__user")
         .prefetch_related(
             Prefetch(
                 "allocations",
@@ -425,6 +425,8 @@ def task_spec(task: Task) -> dict[str, object]:
         "task_id": task.pk,
         "job_id": job.pk,
         "attempt": task.attempt,
+        # The owner's portal username: an agent run with --run-as-owner runs the task as that local account.
+        "user": job.user.get_username() if job.user_id else "",
         "kind": job.kind,
         # One process per replica: torchrun inside it starts the replica's local ranks.
         "rank": task.rank,

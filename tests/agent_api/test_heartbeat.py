@@ -122,6 +122,7 @@ def test_desired_carries_each_rank_its_spec(agent: AgentClient, other_agent: Age
         "task_id": second.pk,
         "job_id": second.job_id,
         "attempt": 1,
+        "user": "alice",
         "kind": "batch",
         "rank": 1,
         "world_size": 2,

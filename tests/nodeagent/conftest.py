@@ -41,6 +41,7 @@ def task_spec(task_id: int, command: str, **overrides: Any) -> dict[str, Any]:
         "action": "run",
         "grace_s": 5,
         "stop_reason": None,
+        "user": "nobody",
     }
     spec.update(overrides)
     return spec
