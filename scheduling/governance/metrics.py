@@ -24,7 +24,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from scheduling.cycle import CYCLE_SECONDS_CACHE_KEY
-from scheduling.models import Allocation, Gpu, Job, JobEvent, JobKind, Node, SchedulerLease
+from scheduling.models import Allocation, Gpu, Job, JobEvent, JobKind, Node, SchedulerLease, XidEvent
 from scheduling.states import JobState
 from tenants.models import OrgUnit, Quota, UnitKind
 
@@ -43,6 +43,10 @@ def _gpu_metrics() -> Iterator[Metric]:
     allocated = GaugeMetricFamily(
         "yard_gpu_allocated", "1 if a live allocation holds the GPU", labels=["node", "gpu", "gpu_type"]
     )
+    healthy = GaugeMetricFamily(
+        "yard_gpu_healthy", "0 once a critical XID took the GPU out of placement (until its node is resumed)",
+        labels=["node", "gpu", "gpu_type"],
+    )  # fmt: skip
     live = set(Allocation.objects.filter(released_at__isnull=True).values_list("gpu_id", flat=True))
     for gpu in Gpu.objects.select_related("node").order_by("node__name", "index"):
         labels = [gpu.node.name, str(gpu.index), gpu.gpu_type]
@@ -52,7 +56,14 @@ def _gpu_metrics() -> Iterator[Metric]:
             used.add_metric(labels, gpu.memory_used_mb * MIB)
         total.add_metric(labels, gpu.memory_mb * MIB)
         allocated.add_metric(labels, 1.0 if gpu.pk in live else 0.0)
-    yield from (util, used, total, allocated)
+        healthy.add_metric(labels, 1.0 if gpu.healthy else 0.0)
+    yield from (util, used, total, allocated, healthy)
+    xids = CounterMetricFamily("yard_xid_errors", "XID errors reported by the node agents", labels=["node", "code"])
+    for node, code, n in (
+        XidEvent.objects.values_list("gpu__node__name", "code").annotate(n=Count("id")).order_by("gpu__node__name", "code")
+    ):
+        xids.add_metric([node, str(code)], n)
+    yield xids
 
 
 def _node_metrics() -> Iterator[Metric]:
@@ -61,6 +72,9 @@ def _node_metrics() -> Iterator[Metric]:
     for state in ("READY", "NOT_READY", "DRAINING", "DOWN"):
         nodes.add_metric([state], counts.get(state, 0))
     yield nodes
+    held = GaugeMetricFamily("yard_nodes_held", "Nodes held out of placement until an admin resumes them")
+    held.add_metric([], Node.objects.exclude(hold_reason="").count())
+    yield held
 
 
 def _job_metrics(now: datetime) -> Iterator[Metric]:

@@ -10,7 +10,7 @@ from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduling.governance.metrics import CYCLE_CACHE_KEY
-from scheduling.models import Gpu, JobEvent, JobKind
+from scheduling.models import Gpu, JobEvent, JobKind, Node, XidEvent
 from scheduling.states import JobState
 from tests.factories import make_cluster, make_job, make_org, make_user
 from tests.governance.helpers import running_job
@@ -82,8 +82,24 @@ def test_metrics_parse_and_carry_the_promised_series(client, world):
         "yard_quota_used_gpus",
         "yard_quota_guaranteed_gpus",
         "yard_nodes",
+        "yard_nodes_held",
+        "yard_gpu_healthy",
+        "yard_xid_errors",
     ):
         assert name in families, name
+
+
+def test_xid_errors_and_gpu_health_are_exported_for_alerting(client, world):
+    gpu = Gpu.objects.get(node__name="h100-01", index=3)
+    XidEvent.objects.bulk_create([XidEvent(gpu=gpu, code=79), XidEvent(gpu=gpu, code=79), XidEvent(gpu=gpu, code=13)])
+    Gpu.objects.filter(pk=gpu.pk).update(healthy=False)
+    Node.objects.filter(name="h100-01").update(hold_reason="XID 79 on GPU 3")
+    families = _scrape(client)
+    assert _value(families["yard_xid_errors"], "yard_xid_errors_total", node="h100-01", code="79") == 2
+    assert _value(families["yard_xid_errors"], "yard_xid_errors_total", node="h100-01", code="13") == 1
+    assert _value(families["yard_gpu_healthy"], "yard_gpu_healthy", node="h100-01", gpu="3") == 0
+    assert _value(families["yard_gpu_healthy"], "yard_gpu_healthy", node="h100-01", gpu="2") == 1
+    assert _value(families["yard_nodes_held"], "yard_nodes_held") == 1
 
 
 def test_gpu_utilisation_is_a_ratio_labelled_by_node_gpu_and_type(client, world):
