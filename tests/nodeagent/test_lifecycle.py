@@ -172,7 +172,7 @@ def test_a_notebook_kernel_running_code_is_reported_busy(portal: FakePortal, sta
     request.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(request, timeout=30) as response:
         kernel_id = json.loads(response.read())["id"]
-    _execute_over_websocket(base, token, kernel_id, "import time; time.sleep(20)")
+    _execute_over_websocket(base, token, kernel_id, "import time; time.sleep(300)")  # interrupted below
 
     def reported(busy: bool) -> Callable[[], dict[str, object] | None]:
         def check() -> dict[str, object] | None:
