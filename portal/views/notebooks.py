@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from portal.forms import NotebookForm
 from portal.views.common import add_service_errors, signed_in
 from portal.views.jobs import _after_action, render_live
+from scheduling.governance.reaper import idle_seconds, policy_for, seconds_to_reap
 from scheduling.models import Job, JobKind, Task
 from scheduling.selectors import access_job, access_job_manage, can_manage_job, jobs_visible
 from scheduling.services import JobSpec, job_cancel, job_submit
-from scheduling.states import TERMINAL_STATES, TaskState
+from scheduling.states import TERMINAL_STATES, JobState, TaskState
 from tenants.selectors import teams_submittable
 
 RECENT = 10
@@ -76,6 +81,33 @@ def notebooks(request: HttpRequest) -> HttpResponse:
     return render(request, "portal/notebooks.html", {"form": form, "notebooks": mine}, status=status)
 
 
+@dataclass(frozen=True)
+class Activity:
+    """What the idle reaper sees of a running notebook, for the people who may lose it."""
+
+    kernel_busy: bool | None  # from the agent's probe of the Jupyter server; None: not known yet
+    idle_min: int  # the run of GPU-idle minutes ending at the last complete minute
+    timeout_min: int
+    reap_in_min: int  # if it stays idle
+    threshold_pct: float
+
+
+def _activity(job: Job) -> Activity | None:
+    if job.state != JobState.RUNNING:
+        return None
+    now = timezone.now()
+    policy = policy_for(team=job.team, tier=job.tier)
+    idle_s = idle_seconds(job=job, now=now, threshold_pct=policy.threshold_pct, cap_s=policy.timeout_s)
+    busy = Task.objects.filter(job=job, attempt=job.attempt).values_list("notebook_kernel_busy", flat=True).first()
+    return Activity(
+        kernel_busy=busy,
+        idle_min=int(idle_s // 60),
+        timeout_min=math.ceil(policy.timeout_s / 60),
+        reap_in_min=max(0, math.ceil(seconds_to_reap(job=job, policy=policy, idle_s=idle_s, now=now) / 60)),
+        threshold_pct=policy.threshold_pct,
+    )
+
+
 @login_required
 def notebook_detail(request: HttpRequest, pk: int) -> HttpResponse:
     job = _notebook(request, pk)
@@ -87,6 +119,7 @@ def notebook_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "ready": is_owner and bool(_server_url(job)),
         "can_manage": can_manage_job(user=request.user, job=job),
         "terminal_states": [s.value for s in TERMINAL_STATES],
+        "activity": _activity(job),
     }
     return render_live(request, "portal/notebook_detail.html", context, terminal=job.is_terminal)
 

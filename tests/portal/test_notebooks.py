@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from django.urls import reverse
+import re
+import time
+from datetime import timedelta
 
+from django.urls import reverse
+from django.utils import timezone
+
+from scheduling.governance.reaper import last_complete_window
 from scheduling.models import Gpu, Job, JobKind, Task
 from scheduling.states import JobState
 from tests.factories import make_job
+from tests.governance.helpers import running_job, telemetry
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
 URL = "http://127.0.0.1:8888/lab?token=s3cret"
@@ -76,3 +83,49 @@ def test_batch_job_is_not_a_notebook(client, cast):
     job = make_job(team=cast.org.team_a, user=cast.ann)
     client.force_login(cast.ann)
     assert client.get(reverse("notebook", args=[job.pk])).status_code == 404
+
+
+def _now_mid_minute():
+    """Now, but not in the last two seconds of a minute: the view reads the clock again, and the
+    idle run ends at the last complete minute, which must be the same one for the test and the view."""
+    now = timezone.now()
+    if now.second >= 58:
+        time.sleep(60.2 - now.second - now.microsecond / 1e6)
+        now = timezone.now()
+    return now
+
+
+def test_the_page_says_how_long_the_gpu_has_been_idle_and_when_the_reaper_stops_it(client, cast):
+    now = _now_mid_minute()
+    node = Gpu.objects.first().node
+    job = running_job(team=cast.org.team_a, user=cast.ann, node=node, kind=JobKind.NOTEBOOK, start=now - timedelta(hours=1))
+    Task.objects.filter(job=job).update(notebook_kernel_busy=False)
+    # Ten idle minutes, ending with the last complete one.
+    telemetry(job, start=last_complete_window(now) - timedelta(minutes=9), minutes=10, utilization=0.0)
+    client.force_login(cast.ann)
+    line = re.search(
+        r'<p id="notebook-activity"[^>]*>(.*?)</p>', client.get(reverse("notebook", args=[job.pk])).content.decode(), re.S
+    )
+    assert line is not None
+    text = " ".join(line.group(1).split())
+    assert text == (
+        "Kernel idle · GPU idle (≤ 1 %) for the last 10 min: stopped in 35 min unless it gets busy"
+        " · idle notebooks are stopped after 45 min"
+    )
+
+
+def test_a_busy_kernel_and_gpu_say_so(client, cast):
+    now = _now_mid_minute()
+    node = Gpu.objects.first().node
+    job = running_job(team=cast.org.team_a, user=cast.ann, node=node, kind=JobKind.NOTEBOOK, start=now - timedelta(hours=1))
+    Task.objects.filter(job=job).update(notebook_kernel_busy=True)
+    telemetry(job, start=last_complete_window(now) - timedelta(minutes=2), minutes=3, utilization=87.0)
+    client.force_login(cast.ann)
+    body = client.get(reverse("notebook", args=[job.pk])).content.decode()
+    assert "Kernel busy · GPU busy in the last minute" in " ".join(body.split())
+
+
+def test_a_finished_notebook_shows_no_activity(client, cast):
+    job = make_job(team=cast.org.team_a, user=cast.ann, kind=JobKind.NOTEBOOK, state=JobState.CANCELLED)
+    client.force_login(cast.ann)
+    assert 'id="notebook-activity"' not in client.get(reverse("notebook", args=[job.pk])).content.decode()
