@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import stat
+import threading
 import time
 import urllib.request
 import uuid
@@ -149,7 +150,21 @@ def _execute_over_websocket(base: str, token: str, kernel_id: str, code: str) ->
                 connection.close()
                 return
 
-    asyncio.run(run())
+    # In its own thread: in the whole suite Playwright's sync API may hold this thread's event loop.
+    failure: list[BaseException] = []
+
+    def in_thread() -> None:
+        try:
+            asyncio.run(run())
+        except BaseException as exc:  # re-raised in the test's thread
+            failure.append(exc)
+
+    worker = threading.Thread(target=in_thread)
+    worker.start()
+    worker.join(timeout=60)
+    assert not worker.is_alive(), "the websocket exchange did not finish"
+    if failure:
+        raise failure[0]
 
 
 def test_a_notebook_kernel_running_code_is_reported_busy(portal: FakePortal, start_agent: StartAgent) -> None:
