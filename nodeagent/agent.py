@@ -15,6 +15,7 @@ import os
 import pwd
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -458,16 +459,19 @@ class Agent:
     def _open_task_dirs(self) -> None:
         """Task owners must be able to reach their working directories (search permission on every
         directory above them), and nothing more: the tasks and checkpoints folders are mode 0711."""
-        for folder in (self.state_dir, *self.state_dir.parents):
-            mode = folder.stat().st_mode
-            if not mode & 0o001:
-                raise AgentFatal(
-                    f"--run-as-owner: task owners cannot reach {self.state_dir}, because {folder} is mode "
-                    f"{mode & 0o777:o}; give it o+x (chmod o+x {folder}) or choose another --state-dir"
-                )
+        folder = launcher.closed_to_others(self.state_dir)
+        if folder is not None:
+            raise AgentFatal(
+                f"--run-as-owner: task owners cannot reach {self.state_dir}, because {folder} is mode "
+                f"{folder.stat().st_mode & 0o777:o}; give it o+x (chmod o+x {folder}) or choose another --state-dir"
+            )
         for name in ("tasks", "checkpoints"):
             (self.state_dir / name).mkdir(exist_ok=True)
             (self.state_dir / name).chmod(0o711)
+        if launcher.closed_to_others(Path(sys.executable)) is not None:
+            self.log.warning(
+                "--run-as-owner: notebooks will fail: task owners cannot run this agent's Python (%s)", sys.executable
+            )
 
     def _owner_account(self, spec: dict[str, Any]) -> tuple[pwd.struct_passwd | None, str]:
         """The local account of the task's owner, or None and what to do about it."""
@@ -561,6 +565,14 @@ class Agent:
                 self._hand_over(record, account)
             env = self._task_env(spec, record, account)
             if record.kind == "notebook":
+                closed = launcher.closed_to_others(Path(sys.executable)) if account is not None else None
+                if closed is not None:
+                    self._launch_failed(
+                        record,
+                        f"a notebook runs this agent's Python ({sys.executable}) as its owner, but {closed} is closed "
+                        "to other users: install the agent where every account can run it (e.g. /opt/yard-agent)",
+                    )
+                    return
                 record.notebook = notebook.plan_notebook(address=self.config.address, env=env)
                 command = notebook.notebook_command(record.notebook, address=self.config.address, root_dir=record.run_dir)
                 # Jupyter's runtime files (kernel connection files) per task, whatever the owner's home.

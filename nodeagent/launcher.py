@@ -57,6 +57,16 @@ def spawn(
         )
 
 
+def closed_to_others(path: Path) -> Path | None:
+    """The first of ``path`` and the folders above it that other users may not search (or, for
+    ``path`` itself, execute), following links; None when every account can reach it."""
+    target = path.resolve()
+    for folder in (target, *target.parents):
+        if not folder.stat().st_mode & 0o001:
+            return folder
+    return None
+
+
 def _stat_fields(pid: int) -> list[str] | None:
     """/proc/<pid>/stat from field 3 (state) on; the command name before it may hold spaces."""
     try:

@@ -9,6 +9,7 @@ import os
 import pwd
 import re
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -19,7 +20,7 @@ import pytest
 
 from nodeagent.agent import Agent, AgentFatal
 from nodeagent.config import AgentConfig, ConfigError, build_config, load_toml
-from nodeagent.launcher import SETPRIV
+from nodeagent.launcher import SETPRIV, closed_to_others
 from nodeagent.simgpu import SimulatedGpus, gpus_from_spec
 from tests.nodeagent.conftest import RunningAgent, task_spec, wait_gone
 from tests.nodeagent.fakeportal import FakePortal
@@ -141,3 +142,36 @@ def test_run_as_owner_in_the_config_file_must_be_a_boolean(tmp_path: Path) -> No
     path.write_text('run_as_owner = "yes"\n')
     with pytest.raises(ConfigError, match="run_as_owner must be true or false, not 'yes'"):
         load_toml(path)
+
+
+@needs_root
+def test_a_notebook_whose_python_owners_cannot_run_fails_with_the_fix(
+    state_dir: Path, portal: FakePortal, start_agent: StartAgent, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hidden = tmp_path / "private"  # like a Python under /root (mode 0700)
+    (hidden / "bin").mkdir(parents=True)
+    hidden.chmod(0o700)
+    python = hidden / "bin" / "python3"
+    python.symlink_to(sys.executable)
+    monkeypatch.setattr(sys, "executable", str(python))
+    start_agent(run_as_owner=True, state_dir=state_dir)
+    portal.set_desired("node-t1", [task_spec(44, "", kind="notebook", user="nobody")])
+    status = _exited(portal, 44)
+    assert status["exit_code"] is None and status["signal"] is None
+    log = (state_dir / "tasks" / "44-1" / "output.log").read_text()
+    assert f"a notebook runs this agent's Python ({python}) as its owner" in log
+    assert "install the agent where every account can run it" in log
+
+
+def test_closed_to_others_names_the_first_closed_folder(tmp_path: Path) -> None:
+    inner = tmp_path / "a" / "b"
+    inner.mkdir(parents=True)
+    (tmp_path / "a").chmod(0o700)
+    assert closed_to_others(inner) == tmp_path / "a"  # the nearest one (pytest's own tmp above is 0700 too)
+    (tmp_path / "a").chmod(0o755)
+    open_dir = Path(tempfile.mkdtemp())
+    try:
+        open_dir.chmod(0o711)
+        assert closed_to_others(open_dir) is None
+    finally:
+        open_dir.rmdir()
