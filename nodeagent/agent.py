@@ -490,9 +490,13 @@ class Agent:
         return account, ""
 
     def _hand_over(self, record: TaskRecord, account: pwd.struct_passwd) -> None:
-        """The owner gets its working directory, checkpoint directory and (simulated) utilisation file;
-        the task directory itself, with the log and the exit status, stays the agent's."""
+        """The owner gets its working directory and checkpoint directory (mode 0700: other accounts on
+        the node read neither) and the (simulated) utilisation file; the task directory itself, with
+        the log (0600: the task writes it through the descriptor it inherits) and the exit status,
+        stays the agent's."""
         Path(record.workdir).chmod(0o711)
+        record.log_path.touch(mode=0o600)
+        record.log_path.chmod(0o600)
         record.run_dir.mkdir(mode=0o700, exist_ok=True)
         ids = (account.pw_uid, account.pw_gid)
         if self.gpus.simulated:
@@ -500,6 +504,7 @@ class Agent:
             os.chown(record.util_file, *ids)
         for path in (record.run_dir, Path(record.checkpoint_dir)):
             os.chown(path, *ids)
+            path.chmod(0o700)
 
     def _task_env(self, spec: dict[str, Any], record: TaskRecord, account: pwd.struct_passwd | None = None) -> dict[str, str]:
         gpus = [int(i) for i in spec.get("gpus") or []]

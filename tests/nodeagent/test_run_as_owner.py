@@ -59,7 +59,10 @@ def _exited(portal: FakePortal, task_id: int) -> dict[str, Any]:
 @needs_root
 def test_a_task_runs_as_its_owner_in_a_directory_it_owns(state_dir: Path, portal: FakePortal, start_agent: StartAgent) -> None:
     agent = start_agent(run_as_owner=True, state_dir=state_dir)
-    script = 'id -un > who; id -u >> who; echo "$HOME" >> who; echo "$YARD_WORKDIR" >> who; touch "$YARD_CHECKPOINT_DIR/saved"'
+    script = (
+        'id -un > who; id -u >> who; echo "$HOME" >> who; echo "$YARD_WORKDIR" >> who; '
+        'touch "$YARD_CHECKPOINT_DIR/saved"; echo "hello from $(id -un)"'
+    )
     portal.set_desired("node-t1", [task_spec(40, script, user="nobody")])
     assert _exited(portal, 40)["exit_code"] == 0
     record = agent.record(40)
@@ -72,6 +75,10 @@ def test_a_task_runs_as_its_owner_in_a_directory_it_owns(state_dir: Path, portal
     task_dir = run_dir.parent
     assert (task_dir.stat().st_uid, task_dir.stat().st_mode & 0o777) == (0, 0o711)
     assert record.log_path.parent == task_dir and record.log_path.stat().st_uid == 0
+    # Other accounts on the node read neither the log nor the work or checkpoint directories.
+    assert record.log_path.stat().st_mode & 0o777 == 0o600
+    assert {run_dir.stat().st_mode & 0o777, Path(record.checkpoint_dir).stat().st_mode & 0o777} == {0o700}
+    assert "hello from nobody" in record.log_path.read_text()  # written through the inherited descriptor
 
 
 @needs_root
