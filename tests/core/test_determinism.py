@@ -1,5 +1,6 @@
 """plan() is a pure function of the snapshot: same input, same plan, whatever the tuple order."""
 
+import gc
 from dataclasses import replace
 
 from scheduling.core.plan import plan
@@ -30,3 +31,15 @@ def test_order_of_the_snapshot_tuples_does_not_matter():
         quotas=tuple(reversed(snap.quotas)),
     )
     assert plan(snap, now=100.0) == plan(shuffled, now=100.0)
+
+
+def test_plan_pauses_the_cyclic_garbage_collector_and_restores_it():
+    assert gc.isenabled()
+    plan(sample(), now=100.0)
+    assert gc.isenabled()  # back on: the process keeps collecting
+    gc.disable()
+    try:
+        plan(sample(), now=100.0)
+        assert not gc.isenabled()  # a caller that had it off keeps it off
+    finally:
+        gc.enable()
