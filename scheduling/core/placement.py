@@ -140,22 +140,24 @@ def _take_grouped(groups: dict[int, list[int]], need: int) -> list[int]:
 
 def _multi_node(st: FreeState, gpu_type: str, replicas: int, per_replica: int, one_leaf: bool) -> Fit | None:
     ix = st.ix
-    caps = [
-        st.leaf_capacity(li, gpu_type, per_replica) if st.leaf_tfree[li].get(gpu_type, 0) >= per_replica else 0
-        for li in range(len(ix.leaf_names))
-    ]
-    # One leaf: the fitting leaf left with the fewest free GPUs.
+    need = replicas * per_replica
+    # One leaf: the fitting leaf left with the fewest free GPUs. A leaf with fewer free GPUs than the
+    # gang cannot hold it, so only the others are counted replica by replica (this runs for every
+    # multi-node gang of a plan, over every leaf).
     leaf_best: tuple[int, int] | None = None
-    for li, cap in enumerate(caps):
-        if cap >= replicas:
-            key = (st.leaf_tfree[li][gpu_type], li)
-            if leaf_best is None or key < leaf_best:
-                leaf_best = key
+    for li, free in enumerate(st.leaf_tfree):
+        key = (free.get(gpu_type, 0), li)
+        if key[0] >= need and (leaf_best is None or key < leaf_best) and st.leaf_capacity(li, gpu_type, per_replica) >= replicas:
+            leaf_best = key
     if leaf_best is not None:
         li = leaf_best[1]
         return _fit_from_leaves(st, gpu_type, per_replica, [(li, replicas)], Locality.LEAF, ix.leaf_names[li])
     if one_leaf:
         return None
+    caps = [
+        st.leaf_capacity(li, gpu_type, per_replica) if st.leaf_tfree[li].get(gpu_type, 0) >= per_replica else 0
+        for li in range(len(ix.leaf_names))
+    ]
 
     def leaf_key(li: int) -> tuple[int, int, int]:
         return (-caps[li], st.leaf_tfree[li].get(gpu_type, 0), li)
