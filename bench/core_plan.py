@@ -138,46 +138,50 @@ def build(scale: float, seed: int = 1) -> tuple[Snapshot, int]:
     return snap, used
 
 
-def measure(scale: float, reps: int) -> dict[str, float]:
-    snap, used = build(scale)
-    t0 = time.process_time()
-    first = plan(snap, now=NOW)
-    cold = time.process_time() - t0
-    times = []
-    for _ in range(reps):
+def measure(scales: dict[str, float], rounds: int) -> dict[str, dict[str, float]]:
+    """Every size is timed once per round, round after round, so that a slower spell of this shared
+    machine falls on all sizes alike instead of skewing the growth ratios."""
+    built = {label: build(scale) for label, scale in scales.items()}
+    first, cold = {}, {}
+    for label, (snap, _) in built.items():
         t0 = time.process_time()
+        first[label] = plan(snap, now=NOW)
+        cold[label] = time.process_time() - t0
+    times: dict[str, list[float]] = {label: [] for label in built}
+    for _ in range(rounds):
+        for label, (snap, _) in built.items():
+            t0 = time.process_time()
+            plan(snap, now=NOW)
+            times[label].append(time.process_time() - t0)
+    out = {}
+    for label, (snap, used) in built.items():
+        tracemalloc.start()
         plan(snap, now=NOW)
-        times.append(time.process_time() - t0)
-    tracemalloc.start()
-    plan(snap, now=NOW)
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
-    times.sort()
-    return {
-        "nodes": len(snap.topology.nodes),
-        "gpus": sum(len(n.gpus) for n in snap.topology.nodes),
-        "busy": used,
-        "running": len(snap.running),
-        "pending": len(snap.pending),
-        "placed": len(first.placements),
-        "preempted": len(first.preemptions),
-        "reserved": len(first.reservations),
-        "cold_ms": cold * 1e3,
-        "median_ms": statistics.median(times) * 1e3,
-        "p95_ms": times[min(len(times) - 1, math.ceil(0.95 * len(times)) - 1)] * 1e3,
-        "peak_mib": peak / 2**20,
-    }
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        ts = sorted(times[label])
+        out[label] = {
+            "nodes": len(snap.topology.nodes),
+            "gpus": sum(len(n.gpus) for n in snap.topology.nodes),
+            "busy": used,
+            "running": len(snap.running),
+            "pending": len(snap.pending),
+            "placed": len(first[label].placements),
+            "preempted": len(first[label].preemptions),
+            "reserved": len(first[label].reservations),
+            "cold_ms": cold[label] * 1e3,
+            "median_ms": statistics.median(ts) * 1e3,
+            "p95_ms": ts[min(len(ts) - 1, math.ceil(0.95 * len(ts)) - 1)] * 1e3,
+            "peak_mib": peak / 2**20,
+        }
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions")
     args = parser.parse_args()
-    reps = 3 if args.quick else 11
-    rows = [
-        (label, measure(scale, reps if scale < 4 else max(reps // 3, 2)))
-        for label, scale in (("1/4x", 0.25), ("1x", 1.0), ("4x", 4.0))
-    ]
+    rows = list(measure({"1/4x": 0.25, "1x": 1.0, "4x": 4.0}, rounds=3 if args.quick else 9).items())
     head = (
         f"{'scale':>5} {'nodes':>6} {'GPUs':>6} {'busy':>6} {'running':>8} {'pending':>8} {'placed':>7} "
         f"{'preempt':>7} {'resv':>4} {'cold ms':>8} {'median ms':>10} {'p95 ms':>8} {'peak MiB':>9}"
