@@ -75,17 +75,15 @@ def env_list(name: str, default: list[str]) -> list[str]:
 
 def env_int_set(name: str, default: frozenset[int]) -> frozenset[int]:
     """A comma-separated set of non-negative integers ("48,79,95"); empty means none."""
-    raw = os.environ.get(name)
-    if raw is None:
+    if name not in os.environ:
         return default
-    values = set()
-    for item in (part.strip() for part in raw.split(",")):
-        if not item:
-            continue
+    items = env_list(name, [])
+    for item in items:
         if not item.isdigit():
-            raise ImproperlyConfiguredEnv(f"{name}={raw!r}: {item!r} is not a non-negative integer; write codes like 48,79,95")
-        values.add(int(item))
-    return frozenset(values)
+            raise ImproperlyConfiguredEnv(
+                f"{name}={os.environ[name]!r}: {item!r} is not a non-negative integer; write codes like 48,79,95"
+            )
+    return frozenset(int(item) for item in items)
 
 
 def database_from_url(url: str, *, base_dir: Path) -> dict[str, object]:

@@ -118,7 +118,8 @@ def cluster_layout() -> tuple[list[SpineBox], dict[str, Any]]:
 
 
 class NodeMaintenanceForm(forms.Form):
-    """Drain a node (no new work; running work finishes) or resume it: cluster admins only."""
+    """Drain a node (no new work; running work finishes) or resume it: cluster admins only. The rules
+    (a drain needs a reason, only a drained node resumes) are the services'; their messages land here."""
 
     node = forms.ChoiceField(label="Node")
     reason = forms.CharField(
@@ -133,12 +134,6 @@ class NodeMaintenanceForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.nodes = {node.name: node for node in nodes}
         cast(forms.ChoiceField, self.fields["node"]).choices = [(n.name, f"{n.name} ({n.get_state_display()})") for n in nodes]
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean() or {}
-        if data.get("action") == "drain" and not (data.get("reason") or "").strip():
-            self.add_error("reason", "Say why the node is drained (for example 'replace GPU 3'): the cluster map shows it.")
-        return data
 
 
 def _page(request: HttpRequest, *, form: NodeMaintenanceForm | None = None, status: int = 200) -> HttpResponse:
