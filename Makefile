@@ -10,12 +10,13 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev]" -e cli/
 	@rm -f $(VENV)/.installed-* && touch $@
 
-## Serve the portal at http://127.0.0.1:8000 with a Celery worker, beat and simulated node agents.
+## Serve the portal at http://127.0.0.1:8000 (gunicorn) with a Celery worker, beat and simulated node agents,
+## supervised: a process that dies is restarted; Ctrl-C stops everything, workloads included, within 10 s.
 run: venv
-	@bash scripts/run-demo.sh
+	@bash scripts/run-demo.sh $(RUN_ARGS)
 
 ## The whole test suite against real PostgreSQL and Redis (started here if installed but stopped).
 test: venv
@@ -27,7 +28,7 @@ test: venv
 lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
-	SECRET_KEY=lint $(PY) -m mypy portal tenants scheduling nodeagent
+	SECRET_KEY=lint $(PY) -m mypy portal tenants scheduling nodeagent sso notifications cli/yardcli
 	$(VENV)/bin/lint-imports
 	SECRET_KEY=lint $(PY) manage.py makemigrations --check --dry-run
 

@@ -16,7 +16,7 @@ from typing import Any
 from nodeagent import __version__
 from nodeagent.agent import Agent, AgentFatal
 from nodeagent.config import AgentConfig, ConfigError, build_config, load_toml
-from nodeagent.simgpu import SimulatedGpus, TopologyError, gpus_from_file, gpus_from_spec
+from nodeagent.simgpu import TopologyError, simulated_gpus
 from nodeagent.telemetry import NvmlGpus, NvmlUnavailable
 from nodeagent.topology import GpuSource
 
@@ -27,12 +27,20 @@ NO_GPU_HINT = (
 )
 
 
-def make_gpu_source(*, simulate: str | None, topology_file: Path | None, node: str) -> GpuSource:
+def make_gpu_source(
+    *,
+    simulate: str | None,
+    topology_file: Path | None,
+    node: str,
+    sim_mig: str | None = None,
+    sim_cpus: int | None = None,
+    sim_memory_mb: int | None = None,
+) -> GpuSource:
     """Simulated GPUs only when asked for; otherwise NVML, which raises NvmlUnavailable without a GPU."""
-    if simulate is not None:
-        return SimulatedGpus(gpus_from_spec(simulate, node=node))
-    if topology_file is not None:
-        return SimulatedGpus(gpus_from_file(topology_file, node=node))
+    if simulate is not None or topology_file is not None:
+        return simulated_gpus(
+            node=node, simulate=simulate, topology_file=topology_file, mig=sim_mig, cpus=sim_cpus, memory_mb=sim_memory_mb
+        )
     return NvmlGpus()
 
 
@@ -45,11 +53,26 @@ def _parser() -> argparse.ArgumentParser:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--simulate", metavar="COUNTxTYPE", help="simulated GPUs, e.g. 8xH100 (no NVML)")
     source.add_argument("--topology", type=Path, dest="topology_file", help="simulated GPUs from a JSON/TOML file")
+    parser.add_argument(
+        "--sim-cpus", type=int, dest="sim_cpus", help="simulated node: CPU cores to register (default 14 per GPU)"
+    )
+    parser.add_argument(
+        "--sim-memory-mb",
+        type=int,
+        dest="sim_memory_mb",
+        help="simulated node: memory in MiB to register (default 256 GiB per GPU)",
+    )
+    parser.add_argument("--sim-mig", dest="sim_mig", help='simulated node: MIG layout, e.g. "0:1g.10gb*7,1:3g.40gb*2"')
     parser.add_argument("--state-dir", type=Path, dest="state_dir")
     parser.add_argument("--name", help="node name (default: host name)")
     parser.add_argument("--address", help="address other nodes reach this one on")
     parser.add_argument("--leaf", help="leaf switch name")
     parser.add_argument("--spine", help="spine switch name")
+    parser.add_argument(
+        "--fabric-domain",
+        dest="fabric_domain",
+        help="multi-node NVLink domain the node is in, e.g. its NVL72 rack (default: from NVML's GPU fabric info)",
+    )
     parser.add_argument("--heartbeat-interval", type=float, dest="heartbeat_interval_s")
     parser.add_argument("--stop-after", type=float, dest="stop_after_s", help="stop workloads after this long without the portal")
     parser.add_argument(
@@ -75,10 +98,16 @@ def discover(args: argparse.Namespace, file_values: dict[str, Any]) -> int:
         simulate=args.simulate or file_values.get("simulate"),
         topology_file=args.topology_file or file_values.get("topology_file"),
         node=name,
+        sim_mig=args.sim_mig or file_values.get("sim_mig"),
+        sim_cpus=args.sim_cpus or file_values.get("sim_cpus"),
+        sim_memory_mb=args.sim_memory_mb or file_values.get("sim_memory_mb"),
     )
     try:
         report = {
             "simulated": source.simulated,
+            "cpus": source.cpus,
+            "memory_mb": source.memory_mb,
+            "fabric_domain": str(getattr(source, "fabric_domain", "")),
             "gpus": [gpu.to_json() for gpu in source.gpus()],
             "sample": [sample.to_json() for sample in source.sample({})],
             "nvml_errors": getattr(source, "errors", {}),
@@ -99,16 +128,27 @@ def run(args: argparse.Namespace, file_values: dict[str, Any]) -> int:
             "address",
             "leaf",
             "spine",
+            "fabric_domain",
             "state_dir",
             "heartbeat_interval_s",
             "stop_after_s",
             "simulate",
             "topology_file",
+            "sim_cpus",
+            "sim_memory_mb",
+            "sim_mig",
             "run_as_owner",
         )
     }
     config: AgentConfig = build_config(file_values=file_values, cli_values=cli_values)
-    source = make_gpu_source(simulate=config.simulate, topology_file=config.topology_file, node=config.name)
+    source = make_gpu_source(
+        simulate=config.simulate,
+        topology_file=config.topology_file,
+        node=config.name,
+        sim_mig=config.sim_mig,
+        sim_cpus=config.sim_cpus,
+        sim_memory_mb=config.sim_memory_mb,
+    )
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -23,6 +23,16 @@ class PortalUnreachable(Exception):
     """No usable answer: connection refused, timeout, or a 5xx. Retry later."""
 
 
+class PortalBlind(PortalUnreachable):
+    """The portal answered 503 {"code": "unavailable"}: it is alive but cannot see (its database is
+    down). It does not count this time as the node's silence, so neither does the agent
+    (docs/agent-api.md, *What the portal counts as silence*)."""
+
+    def __init__(self, message: str, retry_after_s: float | None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class PortalError(Exception):
     """The portal answered with a 4xx: the request itself is wrong or refused."""
 
@@ -61,11 +71,21 @@ class PortalClient:
                 return _decode(response.read())
         except urllib.error.HTTPError as exc:
             payload = _decode(exc.read())
+            if exc.code == 503 and payload.get("code") == "unavailable":
+                raise PortalBlind(f"portal unavailable: {payload.get('message', 'HTTP 503')}", _retry_after(exc)) from exc
             if exc.code >= 500:
                 raise PortalUnreachable(f"portal answered HTTP {exc.code}") from exc
             raise PortalError(exc.code, payload) from exc
         except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
             raise PortalUnreachable(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _retry_after(exc: urllib.error.HTTPError) -> float | None:
+    try:
+        value = float(exc.headers.get("Retry-After", ""))
+    except (TypeError, ValueError):
+        return None
+    return value if 0 < value <= 3600 else None
 
 
 def _decode(raw: bytes) -> dict[str, Any]:

@@ -29,6 +29,10 @@ MAX_ORDERED_GRACE_S = 3600.0
 DEFAULT_GRACE_S = 60.0
 # Fencing is for work the portal no longer wants at all: a short grace, no checkpoint expected.
 FENCE_GRACE_S = 5.0
+# A workload whose agent is gone (killed, hung) is stopped by the node's watchdog once the agent has not
+# renewed its lease for this long (the portal sends its own value); an agent back sooner adopts it.
+FENCE_AFTER_S = 60.0
+WINDOW_S = 60.0
 # A process group that outlives SIGKILL this long is stuck (D state, a hung driver): drain the node.
 UNKILLABLE_AFTER_S = 60.0
 HTTP_TIMEOUT_S = 10.0
@@ -43,6 +47,10 @@ LOG_CHUNKS_PER_ROUND = 16
 # XID codes kept for the next heartbeat while the portal is unreachable, per GPU.
 MAX_PENDING_XIDS = 100
 DEFAULT_STATE_DIR = "/var/lib/yard-agent"
+# What a simulated node registers per (physical) GPU unless told otherwise: an 8-GPU HGX server has
+# about 112 cores and 2 TiB of memory.
+SIM_CPUS_PER_GPU = 14
+SIM_MEMORY_MB_PER_GPU = 256 * 1024
 
 assert STOP_AFTER_S + MAX_GRACE_S + FENCE_GRACE_S + HEARTBEAT_INTERVAL_S < NODE_DOWN_AFTER_S
 
@@ -67,16 +75,28 @@ class AgentConfig:
     address: str = field(default_factory=default_address)
     leaf: str = "leaf-0"
     spine: str = "spine-0"
+    # The multi-node NVLink domain (a GB200 NVL72 rack) the node is in, registered with it; "" (the default):
+    # NVML's GPU fabric info says (nodeagent/telemetry.py), or none.
+    fabric_domain: str = ""
     state_dir: Path = Path(DEFAULT_STATE_DIR)
     heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S
     stop_after_s: float = STOP_AFTER_S
     fence_grace_s: float = FENCE_GRACE_S
+    fence_after_s: float = FENCE_AFTER_S
+    max_grace_s: float = MAX_GRACE_S
+    # GPU telemetry is folded into windows of this many seconds (the portal's YARD_TELEMETRY_WINDOW_S).
+    window_s: float = WINDOW_S
     unkillable_after_s: float = UNKILLABLE_AFTER_S
     http_timeout_s: float = HTTP_TIMEOUT_S
     tick_s: float = TICK_S
     # "8xH100" for simulated GPUs; None means real GPUs through NVML.
     simulate: str | None = None
     topology_file: Path | None = None
+    # Simulated nodes only: the cores and memory (MiB) to register (None: SIM_*_PER_GPU × GPUs), and a
+    # MIG layout such as "0:1g.10gb*7,1:3g.40gb*2" (nodeagent/simgpu.py).
+    sim_cpus: int | None = None
+    sim_memory_mb: int | None = None
+    sim_mig: str | None = None
     # Run each task as the local account named like its owner in the portal (as Slurm runs a job as
     # its user); needs root. Off: tasks run as the agent's user (a simulated cluster, a single user).
     run_as_owner: bool = False
@@ -92,9 +112,20 @@ class AgentConfig:
 
 
 _TOML_KEYS = {f.name for f in fields(AgentConfig)} - {"portal", "token"}
-_FLOAT_KEYS = {"heartbeat_interval_s", "stop_after_s", "fence_grace_s", "unkillable_after_s", "http_timeout_s", "tick_s"}
+_FLOAT_KEYS = {
+    "heartbeat_interval_s",
+    "stop_after_s",
+    "fence_grace_s",
+    "fence_after_s",
+    "max_grace_s",
+    "unkillable_after_s",
+    "http_timeout_s",
+    "tick_s",
+}
 _PATH_KEYS = {"state_dir", "topology_file"}
 _BOOL_KEYS = {"run_as_owner"}
+_INT_KEYS = {"sim_cpus", "sim_memory_mb"}
+_SIM_ONLY = ("sim_cpus", "sim_memory_mb", "sim_mig")
 
 
 def load_toml(path: Path) -> dict[str, Any]:
@@ -118,6 +149,10 @@ def load_toml(path: Path) -> dict[str, Any]:
             if not isinstance(value, bool):
                 raise ConfigError(f"{path}: {key} must be true or false, not {value!r}")
             values[key] = value
+        elif key in _INT_KEYS:
+            if type(value) is not int or value <= 0:
+                raise ConfigError(f"{path}: {key} must be a positive integer, not {value!r}")
+            values[key] = value
         elif not isinstance(value, str):
             raise ConfigError(f"{path}: {key} must be a string, not {value!r}")
         else:
@@ -132,6 +167,14 @@ def build_config(*, file_values: dict[str, Any], cli_values: dict[str, Any]) -> 
         if not merged.get(required):
             raise ConfigError(f"--{required} is required (on the command line or in the config file)")
     config = AgentConfig(**merged)
+    for key in _SIM_ONLY:
+        if getattr(config, key) is not None and not config.simulated:
+            # A real node registers what it has; a made-up number there would mislead the scheduler.
+            raise ConfigError(f"--{key.replace('_', '-')} is for simulated nodes only (with --simulate or --topology)")
+    for key in _INT_KEYS:
+        value = getattr(config, key)
+        if value is not None and (type(value) is not int or value <= 0):
+            raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, not {value!r}")
     if config.run_as_owner:
         if os.geteuid() != 0:
             raise ConfigError("--run-as-owner needs the agent to run as root: it switches to each task owner's account")
@@ -145,11 +188,30 @@ def build_config(*, file_values: dict[str, Any], cli_values: dict[str, Any]) -> 
     return config
 
 
-def with_portal_limits(config: AgentConfig, *, heartbeat_interval_s: float | None, stop_after_s: float | None) -> AgentConfig:
-    """Adopt the portal's heartbeat interval and the stricter of the two stop_after_s values."""
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else None
+
+
+def with_portal_limits(
+    config: AgentConfig,
+    *,
+    heartbeat_interval_s: Any = None,
+    stop_after_s: Any = None,
+    fence_after_s: Any = None,
+    max_grace_s: Any = None,
+    window_s: Any = None,
+) -> AgentConfig:
+    """Adopt the portal's heartbeat interval, and the stricter of each limit the liveness arithmetic
+    rests on: the portal checks that its DOWN timeout covers its own values (portal/settings.py)."""
     updated = config
-    if heartbeat_interval_s and heartbeat_interval_s > 0:
-        updated = replace(updated, heartbeat_interval_s=float(heartbeat_interval_s))
-    if stop_after_s and 0 < stop_after_s < updated.stop_after_s:
-        updated = replace(updated, stop_after_s=float(stop_after_s))
+    if (value := _number(heartbeat_interval_s)) is not None:
+        updated = replace(updated, heartbeat_interval_s=value)
+    if (value := _number(stop_after_s)) is not None and value < updated.stop_after_s:
+        updated = replace(updated, stop_after_s=value)
+    if (value := _number(fence_after_s)) is not None and value < updated.fence_after_s:
+        updated = replace(updated, fence_after_s=value)
+    if isinstance(max_grace_s, int | float) and not isinstance(max_grace_s, bool) and 0 <= max_grace_s < updated.max_grace_s:
+        updated = replace(updated, max_grace_s=float(max_grace_s))
+    if (value := _number(window_s)) is not None:
+        updated = replace(updated, window_s=value)  # the portal's grain, as given: its windows must line up
     return updated

@@ -12,6 +12,9 @@ to a spine) or a TOML/JSON file:
     leaf = "leaf-0"
     spine = "spine-0"
     simulate = "8xH100"          # or topology = "path/to/topology.json"
+    sim_cpus = 112               # optional: cores and memory (MiB) to register; default 14 cores
+    sim_memory_mb = 2097152      # and 256 GiB per GPU (or --sim-cpus/--sim-memory-mb for all)
+    sim_mig = "0:1g.10gb*7"      # optional: a MIG layout (nodeagent/simgpu.py)
 
 `--token` is an enrolment token (each node registers once and keeps its node token in its state
 dir), or a JSON file mapping node names to node tokens. Or, instead of both, `--tokens-file` names the
@@ -32,14 +35,17 @@ import re
 import signal
 import sys
 import threading
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from nodeagent import shutdown
 from nodeagent.agent import Agent, AgentFatal
 from nodeagent.config import AgentConfig, ConfigError
-from nodeagent.simgpu import SimulatedGpus, TopologyError, gpus_from_file, gpus_from_spec
+from nodeagent.simgpu import TopologyError, simulated_gpus
+from nodeagent.watchdog import WatchdogHandle
 
 _FLEET_SPEC = re.compile(r"^(\d+)x(\d+x[A-Za-z0-9][A-Za-z0-9_-]*)$")
 
@@ -51,6 +57,17 @@ class NodeSpec:
     spine: str
     simulate: str | None = None
     topology: Path | None = None
+    sim_cpus: int | None = None
+    sim_memory_mb: int | None = None
+    sim_mig: str | None = None
+
+
+def _positive_int(value: object, *, what: str) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or value <= 0:
+        raise ValueError(f"{what} must be a positive integer, not {value!r}")
+    return value
 
 
 def nodes_from_spec(spec: str, *, nodes_per_leaf: int, leaves_per_spine: int, prefix: str) -> list[NodeSpec]:
@@ -81,6 +98,9 @@ def nodes_from_file(path: Path) -> list[NodeSpec]:
                 spine=str(entry.get("spine", "spine-0")),
                 simulate=entry.get("simulate") or (None if entry.get("topology") else "8xH100"),
                 topology=Path(entry["topology"]) if entry.get("topology") else None,
+                sim_cpus=_positive_int(entry.get("sim_cpus"), what="sim_cpus"),
+                sim_memory_mb=_positive_int(entry.get("sim_memory_mb"), what="sim_memory_mb"),
+                sim_mig=str(entry["sim_mig"]) if entry.get("sim_mig") else None,
             )
             for entry in data["nodes"]
         ]
@@ -127,14 +147,22 @@ class Fleet:
     def __init__(self, configs: list[AgentConfig], nodes: list[NodeSpec], *, stagger_s: float) -> None:
         self.stop_event = threading.Event()
         self.agents: list[Agent] = []
+        # One watchdog for the whole fleet (not one process per simulated node): it guards every agent
+        # dir under the fleet's state root and stops their workloads should this process die.
+        roots = {config.state_dir.parent for config in configs}
+        root = roots.pop() if len(roots) == 1 else None
+        guard = WatchdogHandle(root=root, log_dir=root) if root is not None else None
         self.stagger_s = stagger_s
         for config, node in zip(configs, nodes, strict=True):
-            gpus = (
-                gpus_from_file(node.topology, node=node.name)
-                if node.topology is not None
-                else gpus_from_spec(node.simulate or "8xH100", node=node.name)
+            gpus = simulated_gpus(
+                node=node.name,
+                simulate=None if node.topology is not None else node.simulate or "8xH100",
+                topology_file=node.topology,
+                mig=config.sim_mig,
+                cpus=config.sim_cpus,
+                memory_mb=config.sim_memory_mb,
             )
-            self.agents.append(Agent(config, SimulatedGpus(gpus), stop_event=self.stop_event))
+            self.agents.append(Agent(config, gpus, stop_event=self.stop_event, guard=guard))
         self.threads: list[threading.Thread] = []
 
     def _run_one(self, agent: Agent, delay: float) -> None:
@@ -176,8 +204,37 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--prefix", default="node-")
     parser.add_argument("--heartbeat-interval", type=float, default=None)
     parser.add_argument("--tick", type=float, default=1.0, help="supervision tick per agent (s)")
+    parser.add_argument("--sim-cpus", type=int, help="CPU cores each node registers (default 14 per GPU)")
+    parser.add_argument("--sim-memory-mb", type=int, help="memory (MiB) each node registers (default 256 GiB per GPU)")
+    parser.add_argument(
+        "--stop-workloads-on-exit",
+        action="store_true",
+        help="on SIGTERM/SIGINT stop every workload the agents run (SIGTERM, grace, SIGKILL) before exiting; "
+        "for demo and test hosts (on a real node workloads outlive their agent, which adopts them on restart)",
+    )
+    parser.add_argument("--workload-grace", type=float, default=3.0, help="with --stop-workloads-on-exit: SIGTERM to SIGKILL (s)")
+    parser.add_argument(
+        "--stats-file", type=Path, help="write the agents' call counts and latencies here (JSON, every 5 s): for benchmarks"
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser
+
+
+def write_stats(fleet: Fleet, path: Path) -> None:
+    """Every agent's calls pooled by kind: counts and latencies (the bench reads percentiles from them)."""
+    pooled: dict[str, dict[str, object]] = {}
+    for agent in fleet.agents:
+        for kind, stats in agent.link.stats.items():
+            entry = pooled.setdefault(kind, {"ok": 0, "blind": 0, "unreachable": 0, "refused": 0, "latencies_s": []})
+            for key in ("ok", "blind", "unreachable", "refused"):
+                entry[key] = int(entry[key]) + getattr(stats, key)  # type: ignore[call-overload]
+            entry["latencies_s"] += stats.latencies_s[-2000:]  # type: ignore[operator]
+    lost = sum(1 for agent in fleet.agents if agent.link.lost)
+    stopped = sum(1 for agent in fleet.agents for r in agent.records.values() if r.stop_cause == "portal_unreachable")
+    body = {"agents": len(fleet.agents), "calls": pooled, "agents_lost_portal": lost, "tasks_stopped_for_portal_loss": stopped}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(body))
+    tmp.replace(path)
 
 
 def build_fleet(args: argparse.Namespace) -> Fleet:
@@ -210,6 +267,9 @@ def build_fleet(args: argparse.Namespace) -> Fleet:
             state_dir=args.state_dir / node.name,
             simulate=node.simulate,
             topology_file=node.topology,
+            sim_cpus=node.sim_cpus or args.sim_cpus,
+            sim_memory_mb=node.sim_memory_mb or args.sim_memory_mb,
+            sim_mig=node.sim_mig,
             tick_s=args.tick,
             **extra,
         )
@@ -238,10 +298,23 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
     fleet.start()
     logging.getLogger("nodeagent.fleet").info("%d simulated node agents started", len(fleet.agents))
+    next_stats = 0.0
     while not done.wait(1.0):
+        if args.stats_file is not None and time.monotonic() >= next_stats:
+            next_stats = time.monotonic() + 5.0
+            write_stats(fleet, args.stats_file)
         if not any(thread.is_alive() for thread in fleet.threads):
             break
-    fleet.stop()
+    if args.stats_file is not None:
+        write_stats(fleet, args.stats_file)
+    if not args.stop_workloads_on_exit:
+        fleet.stop()
+        return 0
+    # The agents first (a short join: a loop turn is quick while the portal answers), so that none
+    # starts a workload after the sweep; then every workload of every agent under one grace.
+    fleet.stop(timeout_s=5.0)
+    stopped = shutdown.stop_workloads(fleet.agents, grace_s=args.workload_grace)
+    logging.getLogger("nodeagent.fleet").info("stopped %d workload process(es)", stopped)
     return 0
 
 

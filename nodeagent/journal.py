@@ -79,6 +79,11 @@ class TaskRecord:
         return Path(self.workdir) / "work" if self.run_as else Path(self.workdir)
 
     @property
+    def fenced_marker(self) -> Path:
+        """Written by the node's watchdog when it stopped the task because its agent was gone."""
+        return Path(self.workdir) / "fenced"
+
+    @property
     def util_file(self) -> Path:
         return Path(self.workdir) / "sim-util"
 
@@ -108,8 +113,11 @@ class JournalData:
     tasks: list[TaskRecord] = field(default_factory=list)
 
 
-def atomic_write(path: Path, text: str, *, mode: int = 0o644) -> None:
-    """Write via a temporary file, fsync and rename: a crash leaves the old file or the new one."""
+def atomic_write(path: Path, text: str, *, mode: int = 0o600) -> None:
+    """Write via a temporary file, fsync and rename: a crash leaves the old file or the new one.
+
+    0600 by default: the journal holds notebook servers' tokens, the identity files the node token;
+    nothing the agent writes this way is for other local users."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as handle:

@@ -24,19 +24,30 @@ from pathlib import Path
 # even when the workload traps it, checkpoints and exits 0.
 # With an owner (--run-as-owner), the wrapper stays the agent's (root) and writes the status file where
 # the workload cannot; only the command switches to the owner's uid, gid and groups through setpriv.
-_WRAPPER = (
-    'trap ":" TERM INT HUP; cmd=$1; out=$2; shift 2; "$@" -c "$cmd"; rc=$?; '
-    'echo "$rc" > "$out.tmp" && mv "$out.tmp" "$out"; exit "$rc"'
-)
+_TRAP = 'trap ":" TERM INT HUP; '
+_WRAPPER = 'cmd=$1; out=$2; shift 2; "$@" -c "$cmd"; rc=$?; echo "$rc" > "$out.tmp" && mv "$out.tmp" "$out"; exit "$rc"'
+# Held (spawn(hold=True)), the wrapper first waits for its stdin to close: the agent moves it into the
+# task's cgroup or pins its cores meanwhile, so the workload and all it forks are born inside the
+# limits (Python 3.11 cannot clone straight into a cgroup, and a pid moved after exec could fork
+# first). Should the agent die in between, the pipe closes and the task runs unlimited.
+_HOLD = "read -r _; exec </dev/null; "
 _COMMAND_SHELL = shutil.which("bash") or "/bin/sh"
 SETPRIV = shutil.which("setpriv")
 
 
 def spawn(
-    *, command: str, env: dict[str, str], cwd: Path, log_path: Path, exit_file: Path, owner: tuple[int, int] | None = None
+    *,
+    command: str,
+    env: dict[str, str],
+    cwd: Path,
+    log_path: Path,
+    exit_file: Path,
+    owner: tuple[int, int] | None = None,
+    hold: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start `command` in a new session, stdout and stderr appended to `log_path`; as (uid, gid) `owner`
-    if given (the agent must be root, and setpriv installed)."""
+    if given (the agent must be root, and setpriv installed). With `hold`, the wrapper waits to start
+    the command until `release` (the workload itself still gets /dev/null as stdin)."""
     shell = [_COMMAND_SHELL]
     if owner is not None:
         if SETPRIV is None:
@@ -46,15 +57,30 @@ def spawn(
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             # absolute: the wrapper runs in the task's working directory, not the agent's
-            ["/bin/sh", "-c", _WRAPPER, "yard-task", command, str(exit_file.absolute()), *shell],
+            [
+                "/bin/sh",
+                "-c",
+                _TRAP + (_HOLD if hold else "") + _WRAPPER,
+                "yard-task",
+                command,
+                str(exit_file.absolute()),
+                *shell,
+            ],
             cwd=cwd,
             env=env,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if hold else subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
         )
+
+
+def release(child: subprocess.Popen[bytes]) -> None:
+    """Let a held wrapper (spawn(hold=True)) start its workload."""
+    if child.stdin is not None:
+        with contextlib.suppress(OSError):
+            child.stdin.close()
 
 
 def closed_to_others(path: Path) -> Path | None:

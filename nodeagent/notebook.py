@@ -18,17 +18,31 @@ from nodeagent.journal import NotebookInfo
 from nodeagent.launcher import free_port
 
 PROBE_TIMEOUT_S = 2.0
+JUPYTER_CONFIG = Path(__file__).resolve().parent / "jupyter_config"
 
 
 def plan_notebook(*, address: str, env: dict[str, str]) -> NotebookInfo:
-    """Pick the port, token and base URL; the URL the portal shows carries the token."""
+    """Pick the port, token and base URL, and put the token in ``env`` (the environment the server is
+    started with): never on its command line, where `ps` shows it to every local user.
+
+    The base URL is the portal's path for the notebook, ``/notebooks/<job id>/lab/``: the portal's
+    notebook proxy forwards the browser's requests there unchanged (YARD_NOTEBOOK_BASE_URL overrides).
+    The URL reported to the portal carries the token, over the agent's own authenticated channel; the
+    portal seals it before storing it and adds it to the requests it proxies. No browser sees it.
+    """
     port = free_port(address)
     token = secrets.token_urlsafe(24)
-    base_url = env.get("YARD_NOTEBOOK_BASE_URL") or "/"
+    job_id = env.get("YARD_JOB_ID", "")
+    base_url = env.get("YARD_NOTEBOOK_BASE_URL") or (f"/notebooks/{job_id}/lab/" if job_id.isdigit() else "/")
     if not base_url.endswith("/"):
         base_url += "/"
     if not base_url.startswith("/"):
         base_url = "/" + base_url
+    # Jupyter reads its token from JUPYTER_TOKEN (jupyter_server's IdentityProvider) and logs it as "...".
+    env["JUPYTER_TOKEN"] = token
+    # JupyterLab writes the token into its page (and from there into websocket URLs) unless a page config
+    # says otherwise: ours, searched first, keeps it out (the proxy authenticates every request).
+    env["JUPYTER_CONFIG_PATH"] = os.pathsep.join(p for p in (str(JUPYTER_CONFIG), env.get("JUPYTER_CONFIG_PATH", "")) if p)
     host = f"[{address}]" if ":" in address else address
     return NotebookInfo(url=f"http://{host}:{port}{base_url}?token={token}", port=port, token=token, base_url=base_url)
 
@@ -51,7 +65,6 @@ def notebook_command(info: NotebookInfo, *, address: str, root_dir: Path) -> str
         f"--ServerApp.ip={address}",
         f"--ServerApp.port={info.port}",
         "--ServerApp.port_retries=0",
-        f"--IdentityProvider.token={info.token}",
         "--ServerApp.open_browser=False",
         f"--ServerApp.base_url={info.base_url}",
         f"--ServerApp.root_dir={root_dir}",

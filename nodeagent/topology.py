@@ -5,6 +5,7 @@ Pure functions and plain data: the NVML and the simulated GPU sources both produ
 
 from __future__ import annotations
 
+import re
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,6 +22,10 @@ class GpuInfo:
     nvlink_domain: str
     pcie_switch: str
     numa_node: int | None
+    # A MIG instance: its profile ("1g.10gb") and the UUID of the physical GPU it is a slice of;
+    # both empty for a whole GPU. Its gpu_type is then "<parent type>.<profile>" ("H100.1g.10gb").
+    mig_profile: str = ""
+    parent_uuid: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -46,6 +51,9 @@ class GpuSource(Protocol):
     """Where GPUs and their telemetry come from: NVML, or simulated GPUs."""
 
     simulated: bool
+    # The node's CPU cores and memory (MiB), registered with its GPUs; 0 means unknown.
+    cpus: int
+    memory_mb: int
 
     def gpus(self) -> list[GpuInfo]: ...
 
@@ -68,6 +76,76 @@ def gpu_type_from_name(name: str) -> str:
     if words[0] == "RTX" and len(words) > 1:
         return f"RTX{words[1]}"
     return words[0]
+
+
+# -- MIG -------------------------------------------------------------------------------------------
+# A MIG instance is reported as a GPU of its own, under an index no whole GPU has: instance slot s
+# (NVML's MIG device index, 0..7) of physical GPU p (0..15) is 128 + 8p + s. It is stable while the
+# GPU's MIG layout stays the same, and fits the agent API's GPU index (0..255); whole GPUs keep their
+# NVML index. CUDA_VISIBLE_DEVICES names MIG instances by UUID, never by this number.
+MIG_INDEX_BASE = 128
+MIG_SLOTS = 8
+MIG_MAX_PHYSICAL = (256 - MIG_INDEX_BASE) // MIG_SLOTS  # 16
+
+# The GPU instance profiles NVIDIA documents per GPU type: profile -> (compute slices, memory eighths,
+# most instances of it on one GPU). A GPU has 7 compute slices and 8 memory slices in all.
+MIG_PROFILES: dict[str, dict[str, tuple[int, int, int]]] = {
+    "H100": {
+        "1g.10gb": (1, 1, 7),
+        "1g.20gb": (1, 2, 4),
+        "2g.20gb": (2, 2, 3),
+        "3g.40gb": (3, 4, 2),
+        "4g.40gb": (4, 4, 1),
+        "7g.80gb": (7, 8, 1),
+    },
+    "A100": {
+        "1g.10gb": (1, 1, 7),
+        "2g.20gb": (2, 2, 3),
+        "3g.40gb": (3, 4, 2),
+        "4g.40gb": (4, 4, 1),
+        "7g.80gb": (7, 8, 1),
+    },
+}
+MIG_COMPUTE_SLICES = 7
+MIG_MEMORY_SLICES = 8
+# "NVIDIA H100 80GB HBM3 MIG 1g.10gb", or with a compute instance smaller than its GPU instance
+# "… MIG 1c.3g.40gb"; a "+me" (media extensions) suffix does not change what is scheduled.
+_MIG_PROFILE = re.compile(r"(?:(\d+)c\.)?(\d+)g\.(\d+)gb")
+
+
+def mig_index(physical: int, slot: int) -> int:
+    """The node-unique index of instance `slot` of physical GPU `physical` (see MIG_INDEX_BASE)."""
+    if not (0 <= physical < MIG_MAX_PHYSICAL and 0 <= slot < MIG_SLOTS):
+        raise ValueError(f"MIG instance {slot} of GPU {physical} has no index (GPUs 0..15, instances 0..7)")
+    return MIG_INDEX_BASE + MIG_SLOTS * physical + slot
+
+
+def mig_profile_from_name(name: str) -> str | None:
+    """ "1g.10gb" from a MIG device's NVML name ("NVIDIA H100 80GB HBM3 MIG 1g.10gb"); None if it has none."""
+    matches = list(_MIG_PROFILE.finditer(name))
+    return matches[-1].group(0) if matches else None
+
+
+def mig_profile_from_attributes(*, slices: int, memory_mb: int) -> str:
+    """ "3g.40gb" from a GPU instance's slice count and memory, as NVIDIA names profiles (memory
+    rounded to whole GB: 40192 MiB -> 40gb)."""
+    return f"{slices}g.{max(1, round(memory_mb / 1000))}gb"
+
+
+def mig_instance(parent: GpuInfo, *, physical: int, slot: int, uuid: str, profile: str, memory_mb: int) -> GpuInfo:
+    """A MIG instance as a GPU entry: the parent's place in the topology, its own index, type and UUID."""
+    return GpuInfo(
+        index=mig_index(physical, slot),
+        uuid=uuid,
+        name=f"{parent.name} MIG {profile}",
+        gpu_type=f"{parent.gpu_type}.{profile}",
+        memory_mb=memory_mb,
+        nvlink_domain=parent.nvlink_domain,
+        pcie_switch=parent.pcie_switch,
+        numa_node=parent.numa_node,
+        mig_profile=profile,
+        parent_uuid=parent.uuid,
+    )
 
 
 class _UnionFind:

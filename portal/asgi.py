@@ -1,6 +1,19 @@
+"""ASGI: the notebook proxy (/notebooks/<id>/lab/, HTTP and websockets) in front of Django's ASGI handler.
+
+Served by uvicorn (`make run` starts it beside gunicorn: portal/devserver.py); deployments route the
+notebook paths to it (README, "Notebooks through the portal"). Any other path is Django's.
+"""
+
 import os
 
 from django.core.asgi import get_asgi_application
 
+from portal.secret_key import refuse_to_serve_with_a_weak_key
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
-application = get_asgi_application()
+django_application = get_asgi_application()
+
+from portal.notebook_proxy import NotebookProxy  # noqa: E402  (after Django is set up)
+
+application = NotebookProxy(django_application)  # type: ignore[arg-type]  # Django's ASGI types are narrower
+refuse_to_serve_with_a_weak_key()

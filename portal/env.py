@@ -7,6 +7,7 @@ that names the variable and says what to change, never fall back to a silent def
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -73,6 +74,21 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_port_range(name: str, default: tuple[int, int]) -> tuple[int, int]:
+    """A TCP port range written LOW-HIGH (both included), e.g. 29500-29999."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        low_s, high_s = raw.replace(" ", "").split("-")
+        low, high = int(low_s), int(high_s)
+    except ValueError:
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r} is not a port range; write LOW-HIGH, e.g. 29500-29999") from None
+    if not 1024 <= low <= high <= 65535:
+        raise ImproperlyConfiguredEnv(f"{name}={raw!r}: ports must satisfy 1024 <= LOW <= HIGH <= 65535")
+    return low, high
+
+
 def env_int_set(name: str, default: frozenset[int]) -> frozenset[int]:
     """A comma-separated set of non-negative integers ("48,79,95"); empty means none."""
     if name not in os.environ:
@@ -94,6 +110,10 @@ def database_from_url(url: str, *, base_dir: Path) -> dict[str, object]:
         if not name:
             raise ImproperlyConfiguredEnv(f"DATABASE_URL={url!r} names no database; add /DBNAME to it")
         options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+        # Which part of Yardmaster holds a session, in pg_stat_activity (a lock held too long, too many
+        # connections): "yardmaster gunicorn 1234", "yardmaster celery 1240". ?application_name= wins.
+        program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+        options.setdefault("application_name", f"yardmaster {program[:30]} {os.getpid()}")
         return {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": name,

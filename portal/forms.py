@@ -6,10 +6,11 @@ import re
 from typing import Any
 
 from django import forms
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 
-from scheduling.models import Node, Tier
+from scheduling.models import LEAF_LOCALITY_CHOICES, Node, Tier
 from tenants.models import OrgUnit, Quota, UnitKind
 
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -71,6 +72,36 @@ class JobForm(_TeamAndGpuTypeForm):
     checkpoint_dir = forms.CharField(
         max_length=1024, required=False, label="Checkpoint directory", help_text="Empty: one is made under your team's directory"
     )
+    leaf_locality = forms.ChoiceField(
+        choices=LEAF_LOCALITY_CHOICES,
+        initial="auto",
+        required=False,
+        label="One leaf switch",
+        help_text="For a gang of several nodes that one leaf switch could hold",
+    )
+    one_fabric = forms.BooleanField(
+        required=False,
+        label="One NVLink fabric domain",
+        help_text="All its nodes in one multi-node NVLink domain (an NVL72 rack), or wait",
+    )
+    cpus_per_replica = forms.IntegerField(
+        min_value=1, max_value=1024, required=False, label="CPU cores per replica", help_text="Empty: 8 per GPU"
+    )
+    memory_gb_per_replica = forms.FloatField(
+        min_value=1 / 1024,
+        max_value=16 * 1024,
+        required=False,
+        label="Memory per replica (GiB)",
+        help_text="Empty: 64 GiB per GPU",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The deployment's defaults, said where the fields are left empty.
+        per_gpu_cpus = settings.YARD["DEFAULT_CPUS_PER_GPU"]
+        per_gpu_gib = int(settings.YARD["DEFAULT_MEMORY_MB_PER_GPU"]) / 1024  # type: ignore[call-overload]
+        self.fields["cpus_per_replica"].help_text = f"Empty: {per_gpu_cpus} per GPU"
+        self.fields["memory_gb_per_replica"].help_text = f"Empty: {per_gpu_gib:g} GiB per GPU"
 
     def clean_env(self) -> dict[str, str]:
         return parse_env(self.cleaned_data.get("env") or "")
@@ -91,6 +122,10 @@ class JobForm(_TeamAndGpuTypeForm):
             "env": data.get("env") or {},
             "time_limit_s": round(hours * 3600) if hours else None,
             "checkpoint_dir": data.get("checkpoint_dir") or "",
+            "leaf_locality": data.get("leaf_locality") or "auto",
+            "one_fabric": bool(data.get("one_fabric")),
+            "cpus_per_replica": data.get("cpus_per_replica"),
+            "memory_mb_per_replica": round(gib * 1024) if (gib := data.get("memory_gb_per_replica")) else None,
         }
 
 
@@ -107,6 +142,10 @@ def job_initial(job: Any) -> dict[str, Any]:
         "env": format_env(job.env or {}),
         "time_limit_h": round(job.time_limit_s / 3600, 3) if job.time_limit_s else None,
         "checkpoint_dir": "",  # a copy gets its own directory unless the user names one
+        "leaf_locality": job.leaf_locality,
+        "one_fabric": job.one_fabric,
+        "cpus_per_replica": job.cpus_per_replica,
+        "memory_gb_per_replica": round(job.memory_mb_per_replica / 1024, 3),
     }
 
 

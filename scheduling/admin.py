@@ -1,4 +1,9 @@
-from django.contrib import admin
+import secrets
+
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
 from scheduling.models import (
     Allocation,
@@ -14,6 +19,9 @@ from scheduling.models import (
     Spine,
     Task,
 )
+from scheduling.services import node_resume
+from tenants.models import hash_token
+from tenants.services import audit
 
 
 class LeafInline(admin.TabularInline):  # type: ignore[type-arg]
@@ -46,6 +54,18 @@ class NodeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     search_fields = ["name", "address"]
     exclude = ["token_hash"]
     inlines = [GpuInline]
+    actions = ["approve_or_resume"]
+
+    @admin.action(description="Approve (a new node) or resume (a drained node)")
+    def approve_or_resume(self, request: HttpRequest, queryset: QuerySet[Node]) -> None:
+        # The same service as the cluster page's Resume: it clears the hold (an approval is one) and audits it.
+        for node in queryset:
+            try:
+                node_resume(node=node, actor=request.user)  # type: ignore[arg-type]
+            except ValidationError as exc:
+                self.message_user(request, "; ".join(exc.messages), messages.WARNING)
+            else:
+                self.message_user(request, f"{node.name}: approved / resumed", messages.SUCCESS)
 
 
 @admin.register(Gpu)
@@ -100,4 +120,28 @@ class AllocationAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 admin.site.register(SchedulerLease)
 admin.site.register(JobTemplate)
 admin.site.register(IdlePolicy)
-admin.site.register(EnrolmentToken)
+
+
+@admin.register(EnrolmentToken)
+class EnrolmentTokenAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Made here or with ``manage.py enrolment_token``: the raw token is shown once, only its hash is kept."""
+
+    list_display = ["name", "uses", "max_uses", "requires_approval", "created_at", "expires_at", "last_used_at", "revoked_at"]
+    fields = ["name", "max_uses", "expires_at", "requires_approval", "revoked_at", "uses", "created_at", "last_used_at"]
+    readonly_fields = ["uses", "created_at", "last_used_at"]
+
+    def save_model(self, request: HttpRequest, obj: EnrolmentToken, form, change: bool) -> None:  # type: ignore[no-untyped-def]
+        raw = None
+        if not change:
+            raw = "yen_" + secrets.token_urlsafe(30)
+            obj.token_hash = hash_token(raw)
+        super().save_model(request, obj, form, change)
+        audit(
+            actor=request.user,  # type: ignore[arg-type]
+            action="enrolment.update" if change else "enrolment.create",
+            obj=obj,
+            message=f"{obj.name}: up to {obj.max_uses} node(s)" + (", revoked" if obj.revoked_at else ""),
+            data={"max_uses": obj.max_uses, "requires_approval": obj.requires_approval},
+        )
+        if raw is not None:
+            self.message_user(request, f"Enrolment token for {obj.name} (shown only now): {raw}", messages.SUCCESS)

@@ -64,6 +64,9 @@ class Node(models.Model):
     cpus = models.PositiveIntegerField(default=0)
     memory_mb = models.PositiveIntegerField(default=0)
     registered_at = models.DateTimeField(null=True, blank=True)
+    # The multi-node NVLink domain (a GB200 NVL72 rack) the node is in, unique in the cluster; blank: none.
+    # Reported by the agent (its --fabric-domain, or NVML's GPU fabric info); its nodes share one leaf.
+    fabric_domain = models.CharField(max_length=128, blank=True)
 
     class Meta:
         ordering = ["name"]
@@ -79,9 +82,15 @@ class Gpu(models.Model):
     gpu_type = models.CharField(max_length=32)
     model_name = models.CharField(max_length=100, blank=True)
     memory_mb = models.PositiveIntegerField(default=0)
-    nvlink_domain = models.CharField(max_length=64)
-    pcie_switch = models.CharField(max_length=64)
-    numa_node = models.CharField(max_length=64)
+    # Qualified by the node's name ("<node>/<label>", scheduling/agent/services.py): up to 63 + 1 + 40.
+    nvlink_domain = models.CharField(max_length=128)
+    pcie_switch = models.CharField(max_length=128)
+    numa_node = models.CharField(max_length=128)
+    # A MIG instance (NVIDIA Multi-Instance GPU) is a schedulable GPU of its own: its profile ("1g.10gb"),
+    # its type the parent's with the profile ("H100.1g.10gb"), and the UUID of the physical GPU it is a
+    # slice of. Both blank for a whole GPU.
+    mig_profile = models.CharField(max_length=32, blank=True)
+    parent_uuid = models.CharField(max_length=64, blank=True)
     healthy = models.BooleanField(default=True)
     # Latest telemetry from the agent (null: the metric failed or was never reported).
     utilization_pct = models.FloatField(null=True, blank=True)
@@ -93,6 +102,8 @@ class Gpu(models.Model):
     class Meta:
         ordering = ["node__name", "index"]
         constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_node_index")]
+        # The few unhealthy GPUs, counted by every submission's admission check (selectors.cluster_capacity).
+        indexes = [models.Index(fields=["healthy"], condition=Q(healthy=False), name="gpu_unhealthy")]
 
     def __str__(self) -> str:
         return f"{self.node.name}/gpu{self.index}"
@@ -124,6 +135,8 @@ class XidEvent(models.Model):
     gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="xid_events")
     time = models.DateTimeField(default=timezone.now)
     code = models.PositiveIntegerField()
+    # How many times the code was seen on this GPU in one heartbeat: a storm of one XID is one row.
+    count = models.PositiveIntegerField(default=1)
 
     class Meta:
         ordering = ["-time"]
@@ -133,13 +146,24 @@ class XidEvent(models.Model):
 
 
 class EnrolmentToken(models.Model):
-    """Lets an agent register a new node (each node name once). Stored hashed."""
+    """Lets an agent register new nodes (each node name once): up to ``max_uses`` of them, until it expires.
+    Stored hashed. Made with ``manage.py enrolment_token`` (scheduling/agent/enrolment.py)."""
 
     name = models.CharField(max_length=100)
     token_hash = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # A token that leaks must not register nodes without end: by default it registers one.
+    max_uses = models.PositiveIntegerField(default=1, help_text="How many nodes it may register")
+    uses = models.PositiveIntegerField(default=0, help_text="How many nodes it has registered")
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    requires_approval = models.BooleanField(
+        default=False, help_text="Nodes it registers take no work until a cluster admin approves them"
+    )
+
+    class Meta:
+        constraints = [models.CheckConstraint(condition=Q(uses__lte=F("max_uses")), name="enrolmenttoken_uses_within_max")]
 
     def __str__(self) -> str:
         return self.name
@@ -159,6 +183,13 @@ class JobKind(models.TextChoices):
     NOTEBOOK = "notebook", "Notebook"
 
 
+LEAF_LOCALITY_CHOICES = [
+    ("auto", "auto: wait for one leaf switch only while that costs less than spanning"),
+    ("required", "required: one leaf switch or wait (Slurm --switches=1)"),
+    ("preferred", "preferred: one leaf switch if one has room now, else span"),
+]
+
+
 class Job(models.Model):
     name = models.CharField(max_length=200)
     team = models.ForeignKey(OrgUnit, on_delete=models.PROTECT, related_name="jobs")
@@ -176,6 +207,11 @@ class Job(models.Model):
     time_limit_s = models.PositiveIntegerField(default=24 * 3600)
     checkpoint_dir = models.CharField(max_length=1024, blank=True)
     priority = models.IntegerField(default=0)
+    # A multi-node gang that one leaf switch could hold: wait for one (required), span at once when no
+    # leaf has room (preferred), or weigh the wait against YARD_SPAN_SLOWDOWN (auto).
+    leaf_locality = models.CharField(max_length=16, choices=LEAF_LOCALITY_CHOICES, default="auto")
+    # All its nodes in one multi-node NVLink domain (Node.fabric_domain), or wait: Slurm's --segment.
+    one_fabric = models.BooleanField(default=False)
     # lifecycle
     state = models.CharField(max_length=10, choices=JobState.choices, default=JobState.PENDING, db_index=True)
     attempt = models.PositiveIntegerField(default=1)
@@ -187,7 +223,7 @@ class Job(models.Model):
     # what the scheduler said about it last
     pending_reason = models.TextField(blank=True)
     estimated_start = models.DateTimeField(null=True, blank=True)
-    reservation_domain = models.CharField(max_length=64, blank=True)
+    reservation_domain = models.CharField(max_length=128, blank=True)  # a node, leaf or fabric domain name
     locality = models.CharField(max_length=16, blank=True)
     leaves_spanned = models.PositiveSmallIntegerField(default=0)
     borrowed = models.BooleanField(default=False, help_text="Runs beyond its team's guarantee: reclaimable")
@@ -261,7 +297,13 @@ class Task(models.Model):
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="tasks")
     state = models.CharField(max_length=10, choices=TaskState.choices, default=TaskState.ASSIGNED, db_index=True)
     master_addr = models.CharField(max_length=255, blank=True)
-    master_port = models.PositiveIntegerField(default=29500)
+    # The job's rendezvous port on its rank-0 node, picked by the cycle from YARD_RENDEZVOUS_PORTS and
+    # unique among the live rank-0 tasks of that node (constraint below), so two gangs packed onto one
+    # node never meet in one torch.distributed store. Null only for tasks made outside the cycle.
+    master_port = models.PositiveIntegerField(null=True, blank=True)
+    # The node-local GPU indices this task holds, as the cycle placed them: the heartbeat builds the
+    # agent's `desired` list from the task row alone, without a join over allocations per heartbeat.
+    gpu_indices = models.JSONField(default=list, blank=True)
     pid = models.IntegerField(null=True, blank=True)
     exit_code = models.IntegerField(null=True, blank=True)
     signal = models.IntegerField(null=True, blank=True)
@@ -274,10 +316,23 @@ class Task(models.Model):
     notebook_kernel_busy = models.BooleanField(null=True, blank=True)
     notebook_last_activity = models.DateTimeField(null=True, blank=True)
     log_size = models.PositiveBigIntegerField(default=0)
+    # What the task's processes really use, as its agent last reported (null: not reported yet): CPU
+    # cores busy over the last report interval, resident memory now, and the most resident memory seen.
+    cpu_used = models.FloatField(null=True, blank=True)
+    memory_used_mb = models.FloatField(null=True, blank=True)
+    memory_peak_mb = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["job_id", "attempt", "rank"]
-        constraints = [models.UniqueConstraint(fields=["job", "attempt", "rank"], name="task_unique_job_attempt_rank")]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt", "rank"], name="task_unique_job_attempt_rank"),
+            # One live gang per rendezvous port per node, as the allocation constraint keeps one per GPU.
+            models.UniqueConstraint(
+                fields=["node", "master_port"],
+                condition=Q(rank=0, master_port__isnull=False, state__in=["ASSIGNED", "RUNNING", "STOPPING"]),
+                name="task_unique_live_rendezvous_port",
+            ),
+        ]
         indexes = [models.Index(fields=["node", "state"])]
 
     def __str__(self) -> str:
@@ -339,6 +394,43 @@ class SchedulerLease(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} held by {self.holder or '—'} (epoch {self.epoch})"
+
+
+class LivenessClock(models.Model):
+    """The liveness checker's own record (one row, "nodes"): when it last ran, and the disruption guard.
+
+    The checker's own gaps are time the portal could not observe: they become BlindSpells, which node
+    silence does not count (docs/agent-api.md, *What the portal counts as silence*).
+    """
+
+    name = models.CharField(max_length=32, primary_key=True)
+    last_tick = models.DateTimeField(null=True, blank=True)
+    # Disruption guard: while a large share of nodes is silent at once, no node is marked lost.
+    guard_active = models.BooleanField(default=False)
+    guard_reason = models.CharField(max_length=255, blank=True)
+    guard_since = models.DateTimeField(null=True, blank=True)
+    guarded_leaves = models.JSONField(default=list, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.name}: last tick {self.last_tick}"
+
+
+class BlindSpell(models.Model):
+    """An interval in which the portal could not observe heartbeats (its database, workers or web tier
+    were unavailable, or a disruption guard held): node silence inside it is not counted."""
+
+    start = models.DateTimeField()
+    end = models.DateTimeField(db_index=True)
+    cause = models.CharField(max_length=255)
+    # The leaves it covers (a disruption guard held on some leaves); empty: the whole cluster.
+    leaves = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        ordering = ["-end"]
+        constraints = [models.CheckConstraint(condition=Q(end__gte=F("start")), name="blindspell_end_after_start")]
+
+    def __str__(self) -> str:
+        return f"{self.start:%H:%M:%S}–{self.end:%H:%M:%S}: {self.cause}"
 
 
 class JobTemplate(models.Model):

@@ -8,17 +8,23 @@ turns database rows into the scheduler core's plain snapshot.
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, cast
 
 from django.conf import settings
 from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
-from django.db.models import Count, F, Q, QuerySet
+from django.db import connection
+from django.db.models import BooleanField, Count, ExpressionWrapper, F, Q, QuerySet
+from django.db.models.functions import Coalesce
 from django.http import Http404
 
-from scheduling.core.types import Config, PendingJob, QuotaUnit, RunningJob, Snapshot, Tier, Topology
+from scheduling.core.capacity import Capacity, capacity_of
+from scheduling.core.fairshare import CPU, MEMORY, RESOURCES
+from scheduling.core.types import Config, LeafLocality, PendingJob, QuotaUnit, RunningJob, Snapshot, Tier, Topology
 from scheduling.core.types import Gpu as CoreGpu
 from scheduling.core.types import Node as CoreNode
 from scheduling.models import Allocation, Gpu, Job, Node, NodeState, Task
@@ -95,11 +101,16 @@ def decayed_usage(*, now: datetime) -> dict[int, dict[str, float]]:
     half_life = yard_number("HALF_LIFE_S")
     horizon = now - timedelta(seconds=10 * half_life)
     rows = Allocation.objects.filter(Q(released_at__isnull=True) | Q(released_at__gte=horizon)).values_list(
-        "job__team_id", "job__gpu_type", "allocated_at", "released_at"
-    )
+        "job__team_id", "job__gpu_type", "allocated_at", "released_at", "job__cpus_per_replica",
+        "job__memory_mb_per_replica", "job__gpus_per_replica",
+    )  # fmt: skip
     usage: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    for team_id, gpu_type, start, end in rows.iterator(chunk_size=5000):
-        usage[team_id][gpu_type] += _decayed(start, end or now, now, half_life)
+    for team_id, gpu_type, start, end, cpus, memory_mb, per in rows.iterator(chunk_size=5000):
+        held = _decayed(start, end or now, now, half_life)
+        usage[team_id][gpu_type] += held
+        # The cores and memory that came with this GPU (its replica's, spread over the replica's GPUs).
+        usage[team_id][CPU] += held * cpus / max(per, 1)
+        usage[team_id][MEMORY] += held * memory_mb / max(per, 1)
     result = {team: dict(types) for team, types in usage.items()}
     cache.set(_USAGE_CACHE_KEY, result, _USAGE_CACHE_S)
     return result
@@ -122,64 +133,204 @@ def team_quota_usage(*, team: OrgUnit) -> dict[str, dict[str, Any]]:
     return result
 
 
+def fairshare_capacity() -> dict[str, int]:
+    """What fair share divides usage by, as the cycle's core does (``TopoIndex.share_capacity``): healthy
+    GPUs per type, and the cores and memory jobs may be given on the nodes that say theirs."""
+    capacity: dict[str, int] = dict(
+        Gpu.objects.filter(healthy=True).values("gpu_type").annotate(n=Count("id")).values_list("gpu_type", "n")
+    )
+    reserve_cpus, reserve_mb = int(yard_number("SYSTEM_RESERVE_CPUS")), int(yard_number("SYSTEM_RESERVE_MEMORY_MB"))
+    cores = memory = 0
+    for cpus, memory_mb in Node.objects.values_list("cpus", "memory_mb"):
+        cores += max(cpus - reserve_cpus, 1) if cpus else 0
+        memory += max(memory_mb - reserve_mb, 1) if memory_mb else 0
+    if cores or memory:
+        capacity[CPU], capacity[MEMORY] = cores, memory
+    return capacity
+
+
+def fairshare_standing(*, now: datetime) -> dict[int, dict[str, Any]]:
+    """Team id -> where the team stands in fair share: ``rank`` (1 goes first among teams), ``teams`` (how
+    many), ``usage_gpu_hours`` per GPU type (decayed with the half-life), ``dominant_share`` of the
+    cluster and ``weight``. The same quota tree, usage and order (scheduling/core/fairshare.py) the
+    cycle uses, so `yard quota` says what the scheduler will do."""
+    from scheduling.core.fairshare import team_order
+    from tenants.models import UnitKind
+
+    units = _quotas(now)
+    capacity = fairshare_capacity()
+    order = team_order(units, capacity)
+    team_ids = set(OrgUnit.objects.filter(kind=UnitKind.TEAM).values_list("id", flat=True))
+    by_key = {u.name: u for u in units}
+    ids = {u.name: pk for u in units if (pk := unit_id_of(u.name)) is not None}
+    ranked = sorted((order[u.name], ids[u.name]) for u in units if ids.get(u.name) in team_ids and u.name in order)
+    totals: dict[str, float] = defaultdict(float)
+    for _, team_id in ranked:
+        for gpu_type, used in by_key[unit_key(team_id)].usage.items():
+            totals[gpu_type] += used
+    out: dict[int, dict[str, Any]] = {}
+    for position, (_, team_id) in enumerate(ranked, start=1):
+        unit = by_key[unit_key(team_id)]
+        out[team_id] = {
+            "rank": position,
+            "teams": len(ranked),
+            "usage_gpu_hours": {t: round(v / 3600, 3) for t, v in sorted(unit.usage.items()) if t not in RESOURCES},
+            # the team's part of all teams' recent (decayed) use, per GPU type
+            "usage_share": {
+                t: round(v / totals[t], 4) for t, v in sorted(unit.usage.items()) if totals[t] > 0 and t not in RESOURCES
+            },
+            "weight": unit.weight,
+        }
+    return out
+
+
 # --------------------------------------------------------------------------- the snapshot
 
 
+# id -> slug of every org unit, refreshed by each snapshot (a unit renamed since shows under its new name).
+_SLUGS: dict[int, str] = {}
+
+
+def refresh_unit_keys() -> None:
+    _SLUGS.clear()
+    _SLUGS.update(OrgUnit.objects.values_list("id", "slug"))
+
+
 def unit_key(unit_id: int) -> str:
-    """The core's name for an org unit (and a job's team)."""
-    return str(unit_id)
+    """The core's name for an org unit (and a job's team): its slug, so that every reason the scheduler
+    writes names teams as people know them ("over team pretraining's quota"), never by id."""
+    key = _SLUGS.get(unit_id)
+    if key is None:
+        refresh_unit_keys()
+        key = _SLUGS.get(unit_id, str(unit_id))
+    return key
+
+
+def unit_id_of(key: str) -> int | None:
+    """The org unit a core name stands for (the inverse of unit_key)."""
+    for pk, slug in _SLUGS.items():
+        if slug == key:
+            return pk
+    refresh_unit_keys()
+    return next((pk for pk, slug in _SLUGS.items() if slug == key), None)
 
 
 def _topology() -> Topology:
     """Every node (only READY ones schedulable) with its healthy GPUs. Plain tuples, no model instances:
     this runs at every cycle and every submit's admission check, over every GPU of the cluster."""
+    node_rows = list(
+        Node.objects.order_by("name").values_list(
+            "id", "name", "leaf__name", "leaf__spine__name", "gpu_type", "state", "cpus", "memory_mb", "fabric_domain"
+        )
+    )
+    node_types = {row[0]: row[4] for row in node_rows}
     gpus_by_node: dict[int, list[CoreGpu]] = defaultdict(list)
+    # MIG instances (a type of their own, "H100.1g.10gb") by node and type: each such set is a core node
+    # of its own (``core_node_name``), so a job of one type is only ever placed on GPUs of that type.
+    slices: dict[int, dict[str, list[CoreGpu]]] = defaultdict(lambda: defaultdict(list))
     rows = Gpu.objects.filter(healthy=True).order_by("node_id", "index")
-    for pk, node_id, index, nvlink, pcie, numa in rows.values_list(
-        "id", "node_id", "index", "nvlink_domain", "pcie_switch", "numa_node"
+    for pk, node_id, index, nvlink, pcie, numa, gpu_type in rows.values_list(
+        "id", "node_id", "index", "nvlink_domain", "pcie_switch", "numa_node", "gpu_type"
     ):
-        gpus_by_node[node_id].append(CoreGpu(id=str(pk), index=index, nvlink=nvlink, pcie=pcie, numa=numa))
-    nodes = tuple(
-        CoreNode(
+        gpu = CoreGpu(id=str(pk), index=index, nvlink=nvlink, pcie=pcie, numa=numa)
+        if gpu_type and gpu_type != node_types.get(node_id):
+            slices[node_id][gpu_type].append(gpu)
+        else:
+            gpus_by_node[node_id].append(gpu)
+    # What jobs may be given of each node's cores and memory: what its agent reported less the system
+    # reserve (0, "not known", stays 0: such a node is not held to it; a reserve larger leaves 1).
+    reserve_cpus, reserve_mb = int(yard_number("SYSTEM_RESERVE_CPUS")), int(yard_number("SYSTEM_RESERVE_MEMORY_MB"))
+    by_pk = {
+        pk: CoreNode(
             name=name,
             leaf=leaf,
             spine=spine,
             gpu_type=gpu_type,
             gpus=tuple(gpus_by_node.get(pk, ())),
             schedulable=state == NodeState.READY,
+            cpus=max(cpus - reserve_cpus, 1) if cpus else 0,
+            memory_mb=max(memory_mb - reserve_mb, 1) if memory_mb else 0,
+            fabric=fabric,
         )
-        for pk, name, leaf, spine, gpu_type, state in Node.objects.order_by("name").values_list(
-            "id", "name", "leaf__name", "leaf__spine__name", "gpu_type", "state"
+        for pk, name, leaf, spine, gpu_type, state, cpus, memory_mb, fabric in node_rows
+    }
+    # A node's slices share its cores and memory with its whole GPUs; they are not held to them
+    # (docs/scheduler-core.md, "MIG"): the whole GPUs' node is, and the agent limits each task.
+    nodes = tuple(by_pk.values()) + tuple(
+        replace(
+            by_pk[node_id],
+            name=core_node_name(by_pk[node_id].name, gpu_type),
+            gpu_type=gpu_type,
+            gpus=tuple(gpus),
+            cpus=0,
+            memory_mb=0,
         )
+        for node_id, by_type in sorted(slices.items())
+        for gpu_type, gpus in sorted(by_type.items())
     )
     return Topology(nodes=nodes)
 
 
+MIG_NODE_MARK = "~"  # "h100-03~H100.1g.10gb": the core's node for one node's MIG instances of one type
+
+
+def core_node_name(node_name: str, gpu_type: str) -> str:
+    return f"{node_name}{MIG_NODE_MARK}{gpu_type}"
+
+
+def node_name_of(core_name: str) -> str:
+    """The node a core node name stands for (its MIG instances' core node names the node too)."""
+    return core_name.split(MIG_NODE_MARK, 1)[0]
+
+
 def _running(now: datetime) -> tuple[RunningJob, ...]:
-    jobs = {j.pk: j for j in Job.objects.filter(state__in=ACTIVE_STATES)}
+    """Every gang holding GPUs, from two flat queries (no model instances, no id list: this runs at every
+    cycle over thousands of running jobs, and every live allocation belongs to an active job)."""
+    jobs = {
+        row[0]: row
+        for row in Job.objects.filter(state__in=ACTIVE_STATES)
+        .annotate(
+            start=Coalesce("started_at", "state_changed_at"),
+            terminating=ExpressionWrapper(Q(stop_requested_at__isnull=False), output_field=BooleanField()),
+        )
+        .values_list(
+            "id",
+            "team_id",
+            "tier",
+            "gpu_type",
+            "start",
+            "time_limit_s",
+            "last_checkpoint_at",
+            "priority",
+            "submitted_at",
+            "terminating",
+            "cpus_per_replica",
+            "memory_mb_per_replica",
+        )
+    }
     replicas: dict[int, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
-    live = Allocation.objects.filter(released_at__isnull=True, job_id__in=list(jobs)).values_list(
-        "job_id", "task__rank", "gpu_id"
-    )
+    live = Allocation.objects.filter(released_at__isnull=True).values_list("job_id", "task__rank", "gpu_id")
     for job_id, rank, gpu_id in live.order_by("job_id", "task__rank", "gpu_id"):
-        replicas[job_id][rank].append(str(gpu_id))
+        if job_id in jobs:  # (an allocation of a job that is no longer active is an invariant violation, reported elsewhere)
+            replicas[job_id][rank].append(str(gpu_id))
     out: list[RunningJob] = []
     for job_id, ranks in replicas.items():
-        job = jobs[job_id]
-        start = job.started_at or job.state_changed_at
+        _, team_id, tier, gpu_type, start, limit_s, checkpoint, priority, submitted, terminating, cpus, memory_mb = jobs[job_id]
         out.append(
             RunningJob(
                 job_id=str(job_id),
-                team=unit_key(job.team_id),
-                tier=Tier(job.tier),
-                gpu_type=job.gpu_type,
+                team=unit_key(team_id),
+                tier=Tier(tier),
+                gpu_type=gpu_type,
                 replicas=tuple(tuple(ranks[r]) for r in sorted(ranks)),
                 start=start.timestamp(),
-                time_limit=float(job.time_limit_s),
-                last_checkpoint=job.last_checkpoint_at.timestamp() if job.last_checkpoint_at else None,
-                priority=job.priority,
-                submit_time=job.submitted_at.timestamp(),
-                terminating=job.stop_requested_at is not None,
+                time_limit=float(limit_s),
+                last_checkpoint=checkpoint.timestamp() if checkpoint else None,
+                priority=priority,
+                submit_time=submitted.timestamp(),
+                terminating=bool(terminating),
+                cpus_per_replica=cpus,
+                memory_mb_per_replica=memory_mb,
             )
         )
     return tuple(out)
@@ -190,20 +341,28 @@ def pending_jobs() -> QuerySet[Job]:
 
 
 def _pending() -> tuple[PendingJob, ...]:
+    fields = (
+        "id", "team_id", "tier", "replicas", "gpus_per_replica", "gpu_type", "submitted_at", "time_limit_s", "priority",
+        "leaf_locality", "cpus_per_replica", "memory_mb_per_replica", "one_fabric",
+    )  # fmt: skip
     return tuple(
         PendingJob(
-            job_id=str(job.pk),
-            team=unit_key(job.team_id),
-            tier=Tier(job.tier),
-            replicas=job.replicas,
-            gpus_per_replica=job.gpus_per_replica,
-            gpu_type=job.gpu_type,
-            submit_time=job.submitted_at.timestamp(),
-            time_limit=float(job.time_limit_s),
-            priority=job.priority,
+            job_id=str(pk),
+            team=unit_key(team_id),
+            tier=Tier(tier),
+            replicas=replicas,
+            gpus_per_replica=per,
+            gpu_type=gpu_type,
+            submit_time=submitted.timestamp(),
+            time_limit=float(limit_s),
+            priority=priority,
+            locality=LeafLocality(locality),
+            cpus_per_replica=cpus,
+            memory_mb_per_replica=memory_mb,
+            one_fabric=one_fabric,
         )
-        for job in pending_jobs().only(
-            "id", "team_id", "tier", "replicas", "gpus_per_replica", "gpu_type", "submitted_at", "time_limit_s", "priority"
+        for pk, team_id, tier, replicas, per, gpu_type, submitted, limit_s, priority, locality, cpus, memory_mb, one_fabric in (
+            pending_jobs().values_list(*fields)
         )
     )
 
@@ -232,6 +391,71 @@ def _quotas(now: datetime) -> tuple[QuotaUnit, ...]:
     return tuple(units)
 
 
+_TOPOLOGY: dict[str, Any] = {"key": None, "value": None, "capacity": None, "at": 0.0}
+_TOPOLOGY_MAX_AGE_S = 30.0
+
+
+def _topology_key() -> tuple[object, ...]:
+    """What changes when the topology does: the node set, any node's state, the set of unhealthy GPUs.
+
+    One statement of index-only aggregates (every submission's admission check asks it), where reading
+    the topology reads every GPU."""
+    node, gpu = Node._meta.db_table, Gpu._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT COUNT(id), MAX(id), MAX(state_changed_at), "
+            f"SUM(CASE WHEN state = %s THEN 1 ELSE 0 END), SUM(CASE WHEN state = %s THEN id ELSE 0 END), "
+            f"(SELECT COUNT(id) FROM {gpu} WHERE NOT healthy), (SELECT SUM(id) FROM {gpu} WHERE NOT healthy) "
+            f"FROM {node}",
+            [NodeState.READY, NodeState.READY],
+        )
+        return tuple(cursor.fetchone())
+
+
+def topology_cached() -> Topology:
+    """The topology (every node, only READY ones schedulable, healthy GPUs), reused while unchanged.
+
+    The same object for consecutive cycles also lets the core reuse its index of it (TopoIndex is cached
+    on the object's identity). Rebuilt when the key changes and at least every half minute.
+    """
+    key = _topology_key()
+    now = time.monotonic()
+    if _TOPOLOGY["key"] != key or now - _TOPOLOGY["at"] > _TOPOLOGY_MAX_AGE_S:
+        topology = _topology()
+        _TOPOLOGY.update(key=key, value=topology, capacity=capacity_of(topology), at=now)
+    return cast(Topology, _TOPOLOGY["value"])
+
+
+def cluster_capacity() -> Capacity:
+    """The cluster's shape for the admission check (scheduling/core/capacity.py), cached with the topology."""
+    topology_cached()
+    return cast(Capacity, _TOPOLOGY["capacity"])
+
+
+def quota_chain(*, team: OrgUnit, gpu_type: str) -> tuple[QuotaUnit, ...]:
+    """The team and its ancestors with their guarantees and limits of one GPU type: all the quota tree
+    the admission check needs (one query)."""
+    ids = [int(part) for part in team.path.strip("/").split("/") if part] or [team.pk]
+    units = {u.pk: u for u in OrgUnit.objects.filter(pk__in=ids).only("id", "parent_id", "slug")}
+    _SLUGS.update({pk: u.slug for pk, u in units.items()})
+    quotas = {q.unit_id: q for q in Quota.objects.filter(unit_id__in=ids, gpu_type=gpu_type)}
+    return tuple(
+        QuotaUnit(
+            name=unit_key(pk),
+            parent=unit_key(units[pk].parent_id) if units[pk].parent_id else None,  # type: ignore[arg-type]
+            guaranteed={gpu_type: quotas[pk].guaranteed} if pk in quotas else {},
+            limit={gpu_type: quotas[pk].limit} if pk in quotas and quotas[pk].limit is not None else {},  # type: ignore[dict-item]
+        )
+        for pk in ids
+        if pk in units
+    )
+
+
+def quota_tree(*, now: datetime) -> tuple[QuotaUnit, ...]:
+    """The quota tree with each unit's decayed usage, as the cycle's snapshot holds it."""
+    return _quotas(now)
+
+
 def yard_number(name: str) -> float:
     """A number from settings.YARD (typed there as a plain dict)."""
     return float(cast(float, settings.YARD[name]))
@@ -242,13 +466,15 @@ def scheduler_config() -> Config:
         half_life_s=yard_number("HALF_LIFE_S"),
         grace_period_s=yard_number("GRACE_PERIOD_S"),
         min_runtime_s=yard_number("MIN_RUNTIME_S"),
+        span_slowdown=yard_number("SPAN_SLOWDOWN"),
     )
 
 
 def snapshot_build(*, now: datetime) -> Snapshot:
     """The core's input from the database: topology, running gangs, pending jobs, quota tree with decayed usage."""
+    refresh_unit_keys()
     return Snapshot(
-        topology=_topology(), running=_running(now), pending=_pending(), quotas=_quotas(now), config=scheduler_config()
+        topology=topology_cached(), running=_running(now), pending=_pending(), quotas=_quotas(now), config=scheduler_config()
     )
 
 

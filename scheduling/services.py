@@ -7,22 +7,25 @@ import posixpath
 import re
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from pathlib import PurePosixPath
+from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.cache import cache
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
-from scheduling.core.admission import admit
-from scheduling.core.types import PendingJob, Verdict
+from scheduling.core.capacity import Capacity, refusal
+from scheduling.core.eta import admit as eta_admit
+from scheduling.core.types import LeafLocality, PendingJob, Verdict
 from scheduling.core.types import Tier as CoreTier
-from scheduling.models import Allocation, Gpu, Job, JobEvent, JobKind, Node, NodeState, Task
-from scheduling.selectors import snapshot_build, unit_key, yard_number
+from scheduling.models import LEAF_LOCALITY_CHOICES, Allocation, Gpu, Job, JobEvent, JobKind, Node, NodeState, Task
+from scheduling.selectors import cluster_capacity, quota_chain, snapshot_build, yard_number
 from scheduling.states import ACTIVE_STATES, TASK_LIVE_STATES, TERMINAL_STATES, JobState, TaskState, check_transition
 from tenants.models import OrgUnit
 from tenants.services import audit
@@ -77,7 +80,9 @@ def job_transition(
 # task reports, node loss). Each change is conditional (a second caller finds nothing to do)
 # and leaves a JobEvent; user actions and scheduler decisions leave an AuditEntry too.
 
-STOP_REASONS = ("CANCELLED", "PREEMPTED", "IDLE_TIMEOUT", "TIME_LIMIT", "RANK_FAILED")
+STOP_REASONS = ("CANCELLED", "PREEMPTED", "IDLE_TIMEOUT", "TIME_LIMIT", "RANK_FAILED", "NODE_LOST")
+# A gang that lost a node cannot go on: its other ranks get a short grace (their checkpoint is the last one).
+NODE_LOST_GRACE_S = 10
 MAX_REPLICAS = 1024
 MAX_GPUS_PER_REPLICA = 16
 MAX_TIME_LIMIT_S = 30 * 24 * 3600
@@ -110,8 +115,55 @@ class JobSpec:
     time_limit_s: int | None = None
     checkpoint_dir: str = ""
     priority: int = 0
-    cpus_per_replica: int = 4
-    memory_mb_per_replica: int = 16384
+    leaf_locality: str = "auto"
+    one_fabric: bool = False  # all its nodes in one multi-node NVLink domain, or wait (Slurm's --segment)
+    # None: the deployment's default per GPU of a replica (``with_default_resources``).
+    cpus_per_replica: int | None = None
+    memory_mb_per_replica: int | None = None
+
+
+def with_default_resources(spec: JobSpec) -> JobSpec:
+    """The spec with its cores and memory per replica filled in where it left them out: the deployment's
+    YARD_DEFAULT_CPUS_PER_GPU and YARD_DEFAULT_MEMORY_MB_PER_GPU times the replica's GPUs."""
+    if spec.cpus_per_replica is not None and spec.memory_mb_per_replica is not None:
+        return spec
+    cpus, memory_mb = resources_of(spec)
+    return replace(spec, cpus_per_replica=cpus, memory_mb_per_replica=memory_mb)
+
+
+def resources_of(spec: JobSpec) -> tuple[int, int]:
+    """The spec's cores and MiB per replica, the defaults where it left them out."""
+    gpus = max(spec.gpus_per_replica, 1) if isinstance(spec.gpus_per_replica, int) else 1
+    cpus = spec.cpus_per_replica
+    memory_mb = spec.memory_mb_per_replica
+    return (
+        cpus if cpus is not None else int(yard_number("DEFAULT_CPUS_PER_GPU")) * gpus,
+        memory_mb if memory_mb is not None else int(yard_number("DEFAULT_MEMORY_MB_PER_GPU")) * gpus,
+    )
+
+
+def job_spec_of(job: Job, **changes: Any) -> JobSpec:
+    """A job's own spec, to submit again ("Run again", ``POST /jobs/{id}/rerun``), with ``changes``. The copy
+    gets its own checkpoint directory."""
+    fields: dict[str, Any] = {
+        "name": job.name,
+        "team": job.team,
+        "tier": job.tier,
+        "kind": job.kind,
+        "replicas": job.replicas,
+        "gpus_per_replica": job.gpus_per_replica,
+        "gpu_type": job.gpu_type,
+        "command": job.command,
+        "env": dict(job.env or {}),
+        "time_limit_s": job.time_limit_s,
+        "priority": job.priority,
+        "leaf_locality": job.leaf_locality,
+        "one_fabric": job.one_fabric,
+        "cpus_per_replica": job.cpus_per_replica,
+        "memory_mb_per_replica": job.memory_mb_per_replica,
+    }
+    fields.update(changes)
+    return JobSpec(**fields)
 
 
 def _label(actor: User | None, actor_label: str | None = None) -> str:
@@ -162,7 +214,10 @@ def _team_dir(team: OrgUnit) -> PurePosixPath:
     return PurePosixPath(str(settings.YARD["CHECKPOINT_ROOT"])) / team.slug
 
 
-def _validate_spec(*, user: User, spec: JobSpec) -> None:
+NEVER_RUNS = "This job can never run"
+
+
+def _validate_spec(*, user: User, spec: JobSpec, capacity: Capacity | None = None) -> None:
     """Field errors a person can fix, keyed by field, all at once."""
     from tenants.selectors import teams_submittable
 
@@ -185,16 +240,27 @@ def _validate_spec(*, user: User, spec: JobSpec) -> None:
         errors["gpus_per_replica"].append(f"Between 1 and {MAX_GPUS_PER_REPLICA}")
     if not spec.gpu_type or len(spec.gpu_type) > 32:
         errors["gpu_type"].append("Name a GPU type, e.g. H100")
+    elif spec.gpu_type not in (known := (capacity or cluster_capacity()).types):
+        # On the field it is about (the admission check would say it as a non-field error); the prefix is
+        # what the API's never_runnable answer and `yard submit` (exit 121) recognise.
+        errors["gpu_type"].append(
+            f"{NEVER_RUNS}: the cluster has no {spec.gpu_type} GPUs (it has: {', '.join(known) or 'none yet'})"
+        )
     if spec.time_limit_s is not None and not 60 <= spec.time_limit_s <= MAX_TIME_LIMIT_S:
         errors["time_limit_s"].append(f"Between 60 and {MAX_TIME_LIMIT_S} seconds")
     if not -1000 <= spec.priority <= 1000:
         errors["priority"].append("Between -1000 and 1000")
-    if not 1 <= spec.cpus_per_replica <= 1024:
-        errors["cpus_per_replica"].append("Between 1 and 1024")
-    if not 1 <= spec.memory_mb_per_replica <= 16 * 1024 * 1024:
-        errors["memory_mb_per_replica"].append("Between 1 MB and 16 TB")
+    if spec.leaf_locality not in {value for value, _ in LEAF_LOCALITY_CHOICES}:
+        errors["leaf_locality"].append("One of auto, required, preferred")
+    if spec.cpus_per_replica is not None and not 1 <= spec.cpus_per_replica <= 1024:
+        errors["cpus_per_replica"].append("Between 1 and 1024 CPU cores per replica")
+    if spec.memory_mb_per_replica is not None and not 1 <= spec.memory_mb_per_replica <= 16 * 1024 * 1024:
+        errors["memory_mb_per_replica"].append("Between 1 MiB and 16 TiB per replica")
     if len(spec.command) > 100_000:
         errors["command"].append("At most 100000 characters")
+    elif spec.kind == JobKind.BATCH and not spec.command.strip():
+        # A batch job without one would start nothing on every rank and end COMPLETED, exit 0.
+        errors["command"].append("A batch job needs a command: what each replica runs, e.g. torchrun --nproc-per-node 8 train.py")
     if not isinstance(spec.env, Mapping) or len(spec.env) > 200:
         errors["env"].append("A mapping of at most 200 variables")
     else:
@@ -223,7 +289,7 @@ def _validate_spec(*, user: User, spec: JobSpec) -> None:
 def _pending_job_for(spec: JobSpec, *, job_id: str, now: datetime) -> PendingJob:
     return PendingJob(
         job_id=job_id,
-        team=unit_key(spec.team.pk),
+        team=spec.team.slug,
         tier=CoreTier(spec.tier),
         replicas=spec.replicas,
         gpus_per_replica=spec.gpus_per_replica,
@@ -231,15 +297,34 @@ def _pending_job_for(spec: JobSpec, *, job_id: str, now: datetime) -> PendingJob
         submit_time=now.timestamp(),
         time_limit=float(spec.time_limit_s or _default_time_limit()),
         priority=spec.priority,
+        locality=LeafLocality(spec.leaf_locality),
+        cpus_per_replica=spec.cpus_per_replica or 0,
+        memory_mb_per_replica=spec.memory_mb_per_replica or 0,
+        one_fabric=spec.one_fabric,
     )
 
 
 def _admission(spec: JobSpec, *, now: datetime) -> Verdict:
-    return admit(snapshot_build(now=now), _pending_job_for(spec, job_id="new", now=now), now=now.timestamp())
+    """The full check, for a preview a person reads: can it ever run, and where or when it would start."""
+    return eta_admit(snapshot_build(now=now), _pending_job_for(spec, job_id="new", now=now), now=now.timestamp())
+
+
+QUEUED = "queued: the scheduler places it at its next cycle, in a second or two"
+
+
+def _admission_fast(spec: JobSpec, *, now: datetime, capacity: Capacity | None = None) -> Verdict:
+    """The same accept-or-refuse verdict as _admission, without a snapshot or a plan per submission
+    (scheduling/core/capacity.py; tests/property/test_capacity.py holds them equal): a CI pipeline
+    submitting hundreds of jobs a second must not rebuild the cluster for each. Where and when an
+    accepted job starts is the next cycle's word, written into its pending reason a moment later."""
+    job = _pending_job_for(spec, job_id="new", now=now)
+    why = refusal(capacity or cluster_capacity(), quota_chain(team=spec.team, gpu_type=spec.gpu_type), job)
+    return Verdict(ok=False, reason=why) if why is not None else Verdict(ok=True, reason=QUEUED)
 
 
 def job_preview(*, user: User, spec: JobSpec) -> Verdict:
     """Would this job be accepted, and where or when would it start? Raises ValidationError for bad fields."""
+    spec = with_default_resources(spec)
     _validate_spec(user=user, spec=spec)
     return _admission(spec, now=timezone.now())
 
@@ -258,6 +343,8 @@ def _same_spec(job: Job, spec: JobSpec) -> bool:
         and job.time_limit_s == (spec.time_limit_s or _default_time_limit())
         and (not spec.checkpoint_dir or job.checkpoint_dir == posixpath.normpath(spec.checkpoint_dir))
         and job.priority == spec.priority
+        and job.leaf_locality == spec.leaf_locality
+        and job.one_fabric == spec.one_fabric
         and job.cpus_per_replica == spec.cpus_per_replica
         and job.memory_mb_per_replica == spec.memory_mb_per_replica
     )
@@ -278,13 +365,15 @@ def job_submit(*, user: User, spec: JobSpec, idempotency_key: str | None = None,
     """
     if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > 128):
         raise ValidationError({"idempotency_key": "Between 1 and 128 characters"})
+    spec = with_default_resources(spec)
     if idempotency_key and (existing := _existing_for_key(user, idempotency_key, spec)) is not None:
         return existing
-    _validate_spec(user=user, spec=spec)
+    capacity = cluster_capacity()  # read once for the fields' check and the admission check
+    _validate_spec(user=user, spec=spec, capacity=capacity)
     now = timezone.now()
-    verdict = _admission(spec, now=now)
+    verdict = _admission_fast(spec, now=now, capacity=capacity)
     if not verdict.ok:
-        raise ValidationError({NON_FIELD_ERRORS: [f"This job can never run: {verdict.reason}"]})
+        raise ValidationError({NON_FIELD_ERRORS: [f"{NEVER_RUNS}: {verdict.reason}"]})
     try:
         with transaction.atomic():
             job = _create_job(user=user, spec=spec, key=idempotency_key, copied_from=copied_from, now=now, verdict=verdict)
@@ -307,12 +396,14 @@ def _create_job(*, user: User, spec: JobSpec, key: str | None, copied_from: Job 
         replicas=spec.replicas,
         gpus_per_replica=spec.gpus_per_replica,
         gpu_type=spec.gpu_type,
-        cpus_per_replica=spec.cpus_per_replica,
-        memory_mb_per_replica=spec.memory_mb_per_replica,
+        cpus_per_replica=resources_of(spec)[0],
+        memory_mb_per_replica=resources_of(spec)[1],
         command=spec.command,
         env=dict(spec.env),
         time_limit_s=spec.time_limit_s or _default_time_limit(),
         priority=spec.priority,
+        leaf_locality=spec.leaf_locality,
+        one_fabric=spec.one_fabric,
         submitted_at=now,
         state_changed_at=now,
         idempotency_key=key,
@@ -323,7 +414,7 @@ def _create_job(*, user: User, spec: JobSpec, key: str | None, copied_from: Job 
         posixpath.normpath(spec.checkpoint_dir) if spec.checkpoint_dir else str(_team_dir(spec.team) / str(job.pk))
     )
     Job.objects.filter(pk=job.pk).update(checkpoint_dir=job.checkpoint_dir)
-    JobEvent.objects.create(
+    event = JobEvent.objects.create(
         job=job,
         time=now,
         attempt=1,
@@ -332,6 +423,8 @@ def _create_job(*, user: User, spec: JobSpec, key: str | None, copied_from: Job 
         actor=user,
         actor_label=user.get_username(),
     )
+    # A new job's one event, for a caller that shows the job without reading it back.
+    job.submit_event = event  # type: ignore[attr-defined]
     audit(
         actor=user,
         action="job.submit",
@@ -384,11 +477,11 @@ def job_request_stop(
         stop_requested_at=now, stop_reason=reason, stop_grace_s=grace
     )
     if not ordered:
-        if reason == "CANCELLED" and Job.objects.filter(pk=job.pk, attempt=job.attempt, stop_reason="PREEMPTED").update(
-            stop_reason="CANCELLED"
-        ):
+        if reason == "CANCELLED" and Job.objects.filter(
+            pk=job.pk, attempt=job.attempt, stop_reason__in=("PREEMPTED", "NODE_LOST")
+        ).update(stop_reason="CANCELLED"):
             job.refresh_from_db()
-            _note(job, "cancelled while being preempted: it will end cancelled", actor=actor, actor_label=label)
+            _note(job, "cancelled while being stopped for a requeue: it will end cancelled", actor=actor, actor_label=label)
             return job
         job.refresh_from_db()
         return job
@@ -462,6 +555,72 @@ def task_mark_running(*, task: Task, pid: int | None, started_at: datetime, note
     return task
 
 
+@dataclass(frozen=True)
+class StartReport:
+    """An agent's word that it started a task (in a heartbeat)."""
+
+    pid: int | None
+    started_at: datetime | None
+    notebook_url: str = ""
+
+
+def tasks_mark_started(*, tasks: list[Task], reports: Mapping[int, StartReport], now: datetime) -> list[Task]:
+    """ASSIGNED -> RUNNING for every task in ``tasks`` that ``reports`` names; each job STARTING -> RUNNING
+    once every rank of its attempt runs. In bulk, a fixed number of statements for any count: a node
+    that starts eight ranks at once reports them in one heartbeat, and 4,000 jobs placed in one cycle
+    start within a heartbeat interval. Returns the tasks that changed (updated in place).
+
+    The jobs' rows are locked first, in id order, as task_mark_running and the stop services lock
+    them: so no stop order slips between reading a task ASSIGNED and writing it RUNNING, and two nodes
+    starting ranks of one gang at once see each other's ranks when they check the gang.
+    """
+    wanted = {t.pk: t for t in tasks if t.pk in reports and t.state == TaskState.ASSIGNED}
+    if not wanted:
+        return []  # the steady state: no transaction, no statement
+    with transaction.atomic():
+        return _tasks_mark_started(wanted, reports, now)
+
+
+def _tasks_mark_started(wanted: dict[int, Task], reports: Mapping[int, StartReport], now: datetime) -> list[Task]:
+    job_ids = sorted({t.job_id for t in wanted.values()})
+    list(Job.objects.select_for_update().filter(pk__in=job_ids).order_by("pk").values_list("pk", flat=True))
+    still = set(Task.objects.filter(pk__in=list(wanted), state=TaskState.ASSIGNED).values_list("pk", flat=True))
+    changed = [wanted[pk] for pk in sorted(still)]
+    if not changed:
+        return []
+    for task in changed:
+        report = reports[task.pk]
+        task.state, task.pid = TaskState.RUNNING, report.pid
+        task.started_at = report.started_at or now
+        task.notebook_url = report.notebook_url or task.notebook_url
+    Task.objects.bulk_update(changed, ["state", "pid", "started_at", "notebook_url"])
+    jobs = {j.pk: j for j in Job.objects.filter(pk__in={t.job_id for t in changed}, state=JobState.STARTING)}
+    waiting = set(
+        Task.objects.filter(job_id__in=list(jobs), attempt=F("job__attempt"))
+        .exclude(state=TaskState.RUNNING)
+        .values_list("job_id", flat=True)
+    )
+    ready = [job for pk, job in sorted(jobs.items()) if pk not in waiting]
+    if ready:
+        Job.objects.filter(pk__in=[j.pk for j in ready], state=JobState.STARTING, started_at__isnull=True).update(started_at=now)
+        Job.objects.filter(pk__in=[j.pk for j in ready], state=JobState.STARTING).update(
+            state=JobState.RUNNING, state_changed_at=now
+        )
+        JobEvent.objects.bulk_create(
+            JobEvent(
+                job=job,
+                time=now,
+                attempt=job.attempt,
+                from_state=JobState.STARTING,
+                to_state=JobState.RUNNING,
+                reason=f"all {job.replicas} ranks running",
+                actor_label="scheduler",
+            )
+            for job in ready
+        )
+    return changed
+
+
 def _release(task_ids: list[int], now: datetime) -> None:
     Allocation.objects.filter(task_id__in=task_ids, released_at__isnull=True).update(released_at=now)
 
@@ -506,7 +665,12 @@ def _settle(job: Job) -> None:
     first_bad = next((t.exit_code for t in tasks if t.exit_code not in (0, None)), None)
     exit_code = 0 if clean else (first_bad if first_bad is not None else -1)
     reason = job.stop_reason
-    if reason == "PREEMPTED" and not clean:
+    if reason == "NODE_LOST":
+        job_transition(
+            job=job, to=JobState.LOST, reason="a node of the gang was lost; every other rank stopped", actor_label="scheduler"
+        )
+        job_requeue(job=job, reason="a node of the gang was lost", actor_label="scheduler")
+    elif reason == "PREEMPTED" and not clean:
         job_transition(
             job=job, to=JobState.PREEMPTED, reason="preempted: every rank stopped", actor_label="scheduler", exit_code=exit_code
         )
@@ -534,38 +698,45 @@ def _settle(job: Job) -> None:
 
 
 def node_mark_lost(*, node: Node, reason: str) -> list[Job]:
-    """The node's live tasks are LOST; each gang on it loses every rank, frees its GPUs and is requeued once.
+    """The node's live tasks are LOST (their GPUs freed: the node is DOWN and fences them on return);
+    every gang with a rank there is requeued once, whole, from its checkpoint.
 
-    Each job is handled in its own transaction with its row locked, so two callers (the liveness
-    check twice, or concurrently) requeue it exactly once: the second finds no live task.
+    A gang's ranks on other, live nodes are told to stop (a short grace: the gang is broken) and keep
+    their GPUs until their agents confirm the stop; the job is requeued when its last rank has ended
+    (``_settle``), so no GPU is handed on while a process may still use it and attempt N+1 never runs
+    beside a rank of attempt N. Each job is handled in its own transaction with its row locked, so two
+    callers (the liveness check twice, or concurrently) lose it exactly once: the second finds no live
+    task on the node. Returns the jobs lost.
     """
-    requeued: list[Job] = []
+    lost: list[Job] = []
     job_ids = sorted(set(Task.objects.filter(node=node, state__in=TASK_LIVE_STATES).values_list("job_id", flat=True)))
     for job_id in job_ids:
         with transaction.atomic():
             job = Job.objects.select_for_update().get(pk=job_id)
-            on_node = Task.objects.filter(job=job, node=node, attempt=job.attempt, state__in=TASK_LIVE_STATES)
-            if job.state not in ACTIVE_STATES or not on_node.exists():
-                # an older attempt's leftovers: just end them
-                stale = list(Task.objects.filter(job=job, node=node, state__in=TASK_LIVE_STATES).values_list("pk", flat=True))
-                Task.objects.filter(pk__in=stale).update(state=TaskState.LOST, ended_at=timezone.now())
-                _release(stale, timezone.now())
-                continue
             now = timezone.now()
-            live = list(
-                Task.objects.filter(job=job, attempt=job.attempt, state__in=TASK_LIVE_STATES).values_list("pk", flat=True)
-            )
-            # Ranks on other nodes are LOST too: their agents are fenced (no longer in desired) and
-            # the gang restarts whole from its checkpoint.
-            Task.objects.filter(pk__in=live).update(state=TaskState.LOST, ended_at=now)
-            _release(live, now)
-            job_transition(job=job, to=JobState.LOST, reason=f"node {node.name} lost: {reason}", actor_label="scheduler")
-            job = job_requeue(job=job, reason=f"node {node.name} lost", actor_label="scheduler")
+            here = list(Task.objects.filter(job=job, node=node, state__in=TASK_LIVE_STATES).values_list("pk", "attempt"))
+            Task.objects.filter(pk__in=[pk for pk, _ in here]).update(state=TaskState.LOST, ended_at=now)
+            _release([pk for pk, _ in here], now)
+            if job.state not in ACTIVE_STATES or all(attempt != job.attempt for _, attempt in here):
+                continue  # an older attempt's leftovers: ending them is all there is to do
+            others = Task.objects.filter(job=job, attempt=job.attempt, state__in=TASK_LIVE_STATES)
+            if others.exists():
+                _note(
+                    job, f"node {node.name} lost ({reason}): stopping the other ranks before the requeue", actor_label="scheduler"
+                )
+                forced = Job.objects.filter(pk=job.pk, attempt=job.attempt).update(
+                    stop_requested_at=now, stop_reason="NODE_LOST", stop_grace_s=NODE_LOST_GRACE_S
+                )
+                if forced:  # overrides any earlier stop order: the gang cannot finish without that rank
+                    _stop_tasks(job)
+            else:
+                job_transition(job=job, to=JobState.LOST, reason=f"node {node.name} lost: {reason}", actor_label="scheduler")
+                job = job_requeue(job=job, reason=f"node {node.name} lost", actor_label="scheduler")
             audit(
                 actor=None, actor_label="scheduler", action="job.lost", obj=job, unit=None, message=f"node {node.name}: {reason}"
             )
-            requeued.append(job)
-    return requeued
+            lost.append(job)
+    return lost
 
 
 # --------------------------------------------------------------------------- node maintenance (drain / resume)

@@ -1,33 +1,26 @@
 #!/usr/bin/env bash
-# `make run`: migrate, seed the demo, then serve the portal with a Celery worker, beat and the
-# simulated node agents beside it. SQLite and the filesystem broker unless DATABASE_URL/REDIS_URL
-# are set. Ctrl-C stops everything.
+# `make run`: migrate, seed the demo, collect the static files, then hand over to the supervisor
+# (portal/devserver.py): gunicorn, a Celery worker, beat and the simulated node agents, each restarted
+# if it dies; Ctrl-C or SIGTERM stops all of them, and every workload they started, within 10 s.
+# SQLite and the embedded broker unless DATABASE_URL/REDIS_URL are set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export DEBUG="${DEBUG:-1}"
 PY=.venv/bin/python
-mkdir -p var/broker/out var/broker/processed var/broker/control var/logs
+export YARD_VAR_DIR="${YARD_VAR_DIR:-$PWD/var}"
+
+if [[ -z "${DATABASE_URL:-}" && -z "${REDIS_URL:-}" ]]; then
+  # The zero-setup demo on this machine only: DEBUG pages help, and nothing else is at stake. It runs
+  # with DEBUG=0 too (its secret key is generated under var/). With PostgreSQL or Redis configured
+  # this is a real deployment's configuration, and DEBUG stays as the environment says (off).
+  export DEBUG="${DEBUG:-1}"
+fi
+# `make run` serves 127.0.0.1 only; a deployment sets its own host names.
+export ALLOWED_HOSTS="${ALLOWED_HOSTS:-127.0.0.1,localhost}"
+mkdir -p "$YARD_VAR_DIR"/broker/out "$YARD_VAR_DIR"/broker/processed "$YARD_VAR_DIR"/broker/control "$YARD_VAR_DIR"/logs
 
 $PY manage.py migrate --noinput -v0
-$PY manage.py seed_demo --agent-tokens var/agent-tokens.json
+$PY manage.py seed_demo --agent-tokens "$YARD_VAR_DIR/agent-tokens.json"
+$PY manage.py collectstatic --noinput -v0
 
-pids=()
-cleanup() { trap - INT TERM EXIT; for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup INT TERM EXIT
-
-.venv/bin/celery -A portal worker --concurrency 2 --loglevel WARNING >var/logs/worker.log 2>&1 & pids+=($!)
-.venv/bin/celery -A portal beat --schedule var/celerybeat-schedule --loglevel WARNING >var/logs/beat.log 2>&1 & pids+=($!)
-if $PY -c "import nodeagent.fleet" 2>/dev/null; then
-  $PY -m nodeagent.fleet --portal http://127.0.0.1:8000 --tokens-file var/agent-tokens.json \
-    --state-dir var/agents >var/logs/agents.log 2>&1 & pids+=($!)
-fi
-
-cat <<MSG
-
-  Yardmaster is up:  http://127.0.0.1:8000
-  Sign in as admin / yardmaster-demo (cluster admin), rita (org admin), bob (team lead),
-  alice or carol (team members); every demo password is yardmaster-demo.
-  Logs of the worker, beat and agents: var/logs/
-
-MSG
-$PY manage.py runserver 127.0.0.1:8000 --noreload
+# exec: the supervisor gets make's Ctrl-C and SIGTERM itself, with no shell in between.
+exec $PY -m portal.devserver "$@"

@@ -95,5 +95,13 @@ class AuditEntryAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     search_fields = ["actor_label", "message", "object_id"]
     date_hierarchy = "time"
 
+    # The audit log is append-only, for superusers too: no add, edit or delete here (the services write
+    # it), so that what an admin did cannot be undone by the same admin. Entries can still be read.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
     def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False  # the audit log is append-only
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False

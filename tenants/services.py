@@ -252,6 +252,22 @@ def membership_set(*, actor: User | None, user: User, unit: OrgUnit, role: str) 
     return membership
 
 
+@transaction.atomic
+def membership_remove(*, actor: User | None, user: User, unit: OrgUnit, actor_label: str | None = None) -> bool:
+    """Take ``user``'s role on ``unit`` away (single sign-on, when they left the group that gave it). True if they had one."""
+    deleted, _ = Membership.objects.filter(user=user, unit=unit).delete()
+    if deleted:
+        audit(
+            actor=actor,
+            actor_label=actor_label,
+            action="membership.remove",
+            obj=unit,
+            unit=unit,
+            message=f"{user.get_username()} no longer holds a role on {unit.name}",
+        )
+    return bool(deleted)
+
+
 # --------------------------------------------------------------------------- tokens
 
 

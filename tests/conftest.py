@@ -38,19 +38,41 @@ def browser_context_args(browser_context_args: dict[str, Any]) -> dict[str, Any]
 
 
 class _InFlight:
-    """Requests the live server has started and not yet finished (the signals fire in its threads)."""
+    """Requests that server threads have started and not yet finished (the signals fire in those threads).
+
+    Only threads other than the main one count. The main thread is the test's own: the test client and
+    schemathesis's in-process WSGI calls run there, and they cannot overlap the flush, which runs there
+    too. Worse, schemathesis never closes the responses it gets from the WSGI app, so their
+    request_finished never fires: a single process-wide counter stayed above zero from that test on, and
+    every later live-server teardown waited out the whole timeout (15 s each, 17 tests). Keyed by thread,
+    and a thread that has ended counts as finished whatever its signals said.
+    """
 
     def __init__(self) -> None:
-        self.count = 0
+        self.open: dict[threading.Thread, int] = {}
         self.lock = threading.Lock()
 
     def started(self, **_: Any) -> None:
+        thread = threading.current_thread()
+        if thread is threading.main_thread():
+            return
         with self.lock:
-            self.count += 1
+            self.open[thread] = self.open.get(thread, 0) + 1
 
     def finished(self, **_: Any) -> None:
+        thread = threading.current_thread()
         with self.lock:
-            self.count -= 1
+            if self.open.get(thread, 0) > 1:
+                self.open[thread] -= 1
+            else:
+                self.open.pop(thread, None)
+
+    @property
+    def count(self) -> int:
+        with self.lock:
+            for thread in [t for t in self.open if not t.is_alive()]:
+                del self.open[thread]
+            return sum(self.open.values())
 
     def wait_idle(self, *, timeout: float = 15.0, quiet: float = 0.3) -> None:
         """Until no request has been in flight for `quiet` seconds; a request may still be arriving."""

@@ -1,4 +1,5 @@
-"""The cluster map: spines → leaves → nodes → GPUs, coloured by state and team, in a fixed number of queries."""
+"""The cluster map: spines → leaves → (NVLink fabric domains) → nodes → GPUs, coloured by state and team, in a
+fixed number of queries."""
 
 from __future__ import annotations
 
@@ -47,7 +48,9 @@ class NodeBox:
 
 
 @dataclass
-class LeafBox:
+class NodesBox:
+    """A named group of nodes on the map, with its free GPUs and whole free nodes."""
+
     name: str
     nodes: list[NodeBox] = field(default_factory=list)
 
@@ -57,8 +60,28 @@ class LeafBox:
 
     @property
     def whole_nodes_free(self) -> int:
-        """Nodes with every GPU free: what a multi-node gang can use under this leaf."""
+        """Nodes with every GPU free: what a multi-node gang kept to this group can use."""
         return sum(1 for n in self.nodes if n.gpus and n.free == len(n.gpus))
+
+
+@dataclass
+class FabricBox(NodesBox):
+    """The nodes of a leaf in one multi-node NVLink domain (``Node.fabric_domain``); name "": in none."""
+
+
+@dataclass
+class LeafBox(NodesBox):
+    """The nodes under one leaf switch, grouped by fabric domain where they have one."""
+
+    @property
+    def groups(self) -> list[FabricBox]:
+        """The leaf's nodes by fabric domain, in the order the domains first appear (one group of
+        nodes in none, name "", where there are such nodes): one group for a leaf without domains."""
+        groups: dict[str, FabricBox] = {}
+        for box in self.nodes:
+            name = box.node.fabric_domain
+            groups.setdefault(name, FabricBox(name)).nodes.append(box)
+        return list(groups.values())
 
 
 @dataclass

@@ -23,13 +23,18 @@ MAX_JOBS = 20
 
 @dataclass(frozen=True)
 class QuotaBar:
-    """One team's use of one GPU type, scaled for a bar: guarantee marker, used, borrowed beyond it."""
+    """One team's use of one GPU type, scaled for a bar: within the guarantee, borrowed beyond it.
+
+    Two numbers that must not be confused (a 192-GPU gang on borrowed quota once read as "192 borrowed,
+    97 over guarantee"): ``beyond`` is how many GPUs the team holds past its guarantee (what it borrows),
+    ``reclaimable`` how many GPUs its borrowing jobs hold (a gang is reclaimed whole, so it can be more).
+    """
 
     gpu_type: str
     guaranteed: int
     limit: int | None
     used: int
-    borrowed: int
+    borrowed: int  # GPUs of the team's jobs that run on borrowed quota (scheduling.selectors.team_quota_usage)
 
     @property
     def scale(self) -> int:
@@ -39,20 +44,28 @@ class QuotaBar:
         return round(100 * value / self.scale, 1)
 
     @property
+    def within(self) -> int:
+        return min(self.used, self.guaranteed)
+
+    @property
+    def beyond(self) -> int:
+        return max(self.used - self.guaranteed, 0)
+
+    @property
+    def reclaimable(self) -> int:
+        return self.borrowed
+
+    @property
     def within_pct(self) -> float:
-        return self.pct(self.used - self.borrowed)
+        return self.pct(self.within)
 
     @property
     def borrowed_pct(self) -> float:
-        return self.pct(self.borrowed)
+        return self.pct(self.beyond)
 
     @property
     def guarantee_pct(self) -> float:
         return self.pct(self.guaranteed)
-
-    @property
-    def over_guarantee(self) -> int:
-        return max(self.used - self.guaranteed, 0)
 
     @property
     def over_limit(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
@@ -11,21 +12,23 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db.models import F, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 
-from portal.forms import JobForm, TemplateNameForm, job_initial
+from portal.forms import JobForm, TemplateNameForm, gpu_type_choices, job_initial
 from portal.views.common import add_service_errors, partial, signed_in
 from portal.views.job_templates import job_template_save, templates_of
 from portal.views.svg import sparklines
+from scheduling.core.reasons import memory_words
 from scheduling.models import Allocation, Job, TaskLogChunk
 from scheduling.selectors import access_job, access_job_manage, can_manage_job, job_tasks, jobs_visible
-from scheduling.services import JobSpec, job_cancel, job_preview, job_submit
+from scheduling.services import JobSpec, job_cancel, job_preview, job_spec_of, job_submit
 from scheduling.states import TERMINAL_STATES, JobState, TaskState
+from tenants.models import OrgUnit, Quota
 from tenants.selectors import is_cluster_admin, teams_submittable, teams_visible, units_administered
 
 PAGE_SIZE = 25
@@ -103,6 +106,12 @@ class Replica:
     leaf: str
     task_state: str
     gpus: list[dict[str, Any]] = field(default_factory=list)
+    # Given (the job's cores and MiB per replica) and really used, as the agent last reported (None: not yet).
+    cpus: int = 0
+    memory_mb: int = 0
+    cpu_used: float | None = None
+    memory_used_mb: float | None = None
+    memory_peak_mb: float | None = None
 
     @property
     def nvlink_intact(self) -> bool:
@@ -110,9 +119,95 @@ class Replica:
         return len({g["nvlink_domain"] for g in self.gpus}) <= 1
 
 
+@dataclass
+class NodeGroup:
+    """The ranks of a job on one node: one summary line, its GPUs on demand (a 24 x 8 gang is 24 lines, not 192)."""
+
+    node: str
+    leaf: str
+    replicas: list[Replica]
+    open: bool = False
+
+    @property
+    def ranks(self) -> str:
+        """'rank 3', 'ranks 0-2', 'ranks 0, 4, 8'."""
+        numbers = sorted(r.rank for r in self.replicas)
+        if len(numbers) == 1:
+            return f"rank {numbers[0]}"
+        if numbers == list(range(numbers[0], numbers[-1] + 1)):
+            return f"ranks {numbers[0]}–{numbers[-1]}"
+        return "ranks " + ", ".join(map(str, numbers))
+
+    @property
+    def gpus(self) -> list[dict[str, Any]]:
+        return [g for r in self.replicas for g in r.gpus]
+
+    @property
+    def states(self) -> str:
+        """'running', or '2 running, 1 assigned' when the node's ranks differ."""
+        counts = Counter(TaskState(r.task_state).label.lower() for r in self.replicas)
+        if len(counts) == 1:
+            return next(iter(counts))
+        return ", ".join(f"{n} {label}" for label, n in sorted(counts.items()))
+
+    @property
+    def all_running(self) -> bool:
+        return all(r.task_state == TaskState.RUNNING for r in self.replicas)
+
+    @property
+    def mean_utilization(self) -> float | None:
+        values = [g["utilization"] for g in self.gpus if g["utilization"] is not None]
+        return sum(values) / len(values) if values else None
+
+    @property
+    def nvlink_intact(self) -> bool:
+        return all(r.nvlink_intact for r in self.replicas)
+
+    def _used(self, name: str) -> float | None:
+        values = [getattr(r, name) for r in self.replicas if getattr(r, name) is not None]
+        return sum(values) if values else None
+
+    @property
+    def cpu_text(self) -> str:
+        """'3.2 of 4 cores' (the node's ranks together), '—' before the agent reported any."""
+        used = self._used("cpu_used")
+        given = sum(r.cpus for r in self.replicas)
+        return "—" if used is None else f"{used:.1f} of {given} core{'s' if given != 1 else ''}"
+
+    @property
+    def memory_text(self) -> str:
+        """'12.1 of 16 GiB, peak 14.0', '—' before the agent reported any."""
+        used, peak = self._used("memory_used_mb"), self._used("memory_peak_mb")
+        if used is None:
+            return "—"
+        given = sum(r.memory_mb for r in self.replicas)
+        if used < 1024:  # a small process: "180 MiB of 512 GiB", not "0.2 of 512 GiB"
+            text = f"{used:.0f} MiB of {memory_words(given)}"
+            return text if peak is None else f"{text}, peak {memory_words(round(peak))}"
+        text = f"{used / 1024:.1f} of {f'{given / 1024:.1f}'.removesuffix('.0')} GiB"
+        return text if peak is None else f"{text}, peak {peak / 1024:.1f}"
+
+
+# A gang this small shows every GPU with its chart at once; a larger one opens the nodes asked for.
+OPEN_ALL_GPUS = 16
+
+
 def _placement(job: Job) -> list[Replica]:
     tasks = {t.pk: t for t in job_tasks(job=job)}
-    replicas = {t.pk: Replica(t.rank, t.node.name, t.node.leaf.name, t.state) for t in tasks.values()}
+    replicas = {
+        t.pk: Replica(
+            t.rank,
+            t.node.name,
+            t.node.leaf.name,
+            t.state,
+            cpus=job.cpus_per_replica,
+            memory_mb=job.memory_mb_per_replica,
+            cpu_used=t.cpu_used,
+            memory_used_mb=t.memory_used_mb,
+            memory_peak_mb=t.memory_peak_mb,
+        )
+        for t in tasks.values()
+    }
     allocations = (
         Allocation.objects.filter(job=job, attempt=job.attempt)
         .order_by("task__rank", "gpu__index")
@@ -132,6 +227,19 @@ def _placement(job: Job) -> list[Replica]:
     return sorted(replicas.values(), key=lambda r: r.rank)
 
 
+def _node_groups(replicas: list[Replica], *, opened: set[str]) -> list[NodeGroup]:
+    groups: dict[str, NodeGroup] = {}
+    for replica in replicas:  # rank order: the groups come in the order of their first rank
+        group = groups.get(replica.node)
+        if group is None:
+            group = groups[replica.node] = NodeGroup(replica.node, replica.leaf, [])
+        group.replicas.append(replica)
+    small = sum(len(r.gpus) for r in replicas) <= OPEN_ALL_GPUS
+    for group in groups.values():
+        group.open = small or group.node in opened
+    return list(groups.values())
+
+
 def _log_tail(job: Job, rank: int) -> str:
     chunks = list(
         TaskLogChunk.objects.filter(task__job=job, task__attempt=job.attempt, task__rank=rank)
@@ -142,28 +250,65 @@ def _log_tail(job: Job, rank: int) -> str:
     return "\n".join(text.splitlines()[-LOG_TAIL_LINES:])
 
 
+def _rank_of(request: HttpRequest) -> int:
+    try:
+        return max(0, int(request.GET.get("rank", "0")))
+    except ValueError:
+        return 0
+
+
+def _waiting(job: Job) -> dict[str, Any] | None:
+    """What the page says of a pending job: about to start (the admission check or the cycle said it
+    fits), or waiting, and why, with the estimated start where there is one."""
+    if job.state != JobState.PENDING:
+        return None
+    reason = job.pending_reason
+    starting = not reason or reason.startswith(("queued", "fits now", "requeued"))
+    return {"starting": starting, "reason": reason, "estimated_start": job.estimated_start}
+
+
 def job_live_context(request: HttpRequest, job: Job) -> dict[str, Any]:
     replicas = _placement(job)
-    gpu_ids = [g["id"] for r in replicas for g in r.gpus]
-    try:
-        rank = max(0, int(request.GET.get("rank", "0")))
-    except ValueError:
-        rank = 0
-    sparks = sparklines(gpu_ids, now=timezone.now())
-    for replica in replicas:
-        for gpu in replica.gpus:
-            gpu["spark"] = sparks.get(gpu["id"])
+    opened = {name for name in request.GET.get("open", "").split(",") if name}
+    groups = _node_groups(replicas, opened=opened)
+    sparks = sparklines([g["id"] for group in groups if group.open for g in group.gpus], now=timezone.now())
+    for group in groups:
+        for gpu in group.gpus:
+            gpu["spark"] = sparks.get(gpu["id"]) if group.open else None
+    rank = _rank_of(request)
     return {
         "job": job,
         "terminal": job.is_terminal,
         "events": list(job.events.order_by("time", "id")),
         "replicas": replicas,
+        "node_groups": groups,
         "ranks_running": sum(1 for r in replicas if r.task_state == TaskState.RUNNING),
         "nvlink_intact": all(r.nvlink_intact for r in replicas),
         "log": _log_tail(job, rank),
+        "log_lines": LOG_TAIL_LINES,
         "rank": rank,
+        "rank_choices": [r.rank for r in replicas] or list(range(job.replicas)),
+        "waiting": _waiting(job),
         "can_manage": can_manage_job(user=request.user, job=job),
     }
+
+
+@login_required
+@require_GET
+def job_log_download(request: HttpRequest, pk: int) -> StreamingHttpResponse:
+    """The whole log of one rank of the job's current attempt (or ``?attempt=``), as a text file."""
+    job = access_job(user=request.user, pk=pk)
+    rank = _rank_of(request)
+    attempt_text = request.GET.get("attempt", "")
+    attempt = int(attempt_text) if attempt_text.isdigit() else job.attempt
+    chunks = (
+        TaskLogChunk.objects.filter(task__job=job, task__attempt=attempt, task__rank=rank)
+        .order_by("offset")
+        .values_list("data", flat=True)
+    )
+    response = StreamingHttpResponse(chunks.iterator(chunk_size=200), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="job-{job.pk}-attempt-{attempt}-rank-{rank}.log"'
+    return response
 
 
 def render_live(request: HttpRequest, template: str, context: dict[str, Any], *, terminal: bool) -> HttpResponse:
@@ -193,29 +338,14 @@ def job_cancel_view(request: HttpRequest, pk: int) -> HttpResponse:
     if job.is_terminal:
         messages.info(request, f"Job {job.pk} had already ended ({job.get_state_display().lower()})")
     else:
+        # No flash message: the page itself says "Stopping (cancelled)" until the job has ended, then
+        # its state; a banner saying "being cancelled" would linger on a job long cancelled.
         job_cancel(job=job, actor=signed_in(request))
-        messages.success(request, f"Job {job.pk} is being cancelled")
     return _after_action(request, reverse("job", args=[job.pk]))
 
 
 def spec_of(job: Job, **changes: Any) -> JobSpec:
-    fields: dict[str, Any] = {
-        "name": job.name,
-        "team": job.team,
-        "tier": job.tier,
-        "kind": job.kind,
-        "replicas": job.replicas,
-        "gpus_per_replica": job.gpus_per_replica,
-        "gpu_type": job.gpu_type,
-        "command": job.command,
-        "env": dict(job.env or {}),
-        "time_limit_s": job.time_limit_s,
-        "priority": job.priority,
-        "cpus_per_replica": job.cpus_per_replica,
-        "memory_mb_per_replica": job.memory_mb_per_replica,
-    }
-    fields.update(changes)
-    return JobSpec(**fields)
+    return job_spec_of(job, **changes)
 
 
 @login_required
@@ -254,8 +384,26 @@ def _copied_from(request: HttpRequest) -> Job | None:
     return access_job(user=request.user, pk=source) if source else None
 
 
+def default_gpu_type(teams: QuerySet[OrgUnit], team_id: Any = None) -> str | None:
+    """The GPU type a new job of this team most likely wants: the one its quota guarantees most (then
+    allows most), among the types the form offers; None when its quota names none of them."""
+    offered = {value for value, _ in gpu_type_choices()}
+    team = teams.filter(pk=team_id).first() if str(team_id or "").isdigit() else teams.first()
+    if team is None:
+        return None
+    quotas = Quota.objects.filter(unit=team, gpu_type__in=offered).exclude(guaranteed=0, limit=0)
+    best = max(quotas, key=lambda q: (q.guaranteed, q.limit if q.limit is not None else 10**9, q.gpu_type), default=None)
+    return best.gpu_type if best else None
+
+
 def _preview(request: HttpRequest, form: JobForm) -> HttpResponse:
     verdict, errors = None, []
+    if not (form.data.get("name") or "").strip():
+        # The check needs no name: before one is typed, preview with a stand-in rather than answer
+        # "name: This field is required." to someone who has not typed anything yet.
+        data = request.POST.copy()
+        data["name"] = "(unnamed)"
+        form = JobForm(data, teams=form.fields["team"].queryset)  # type: ignore[attr-defined]
     if form.is_valid():
         try:
             verdict = job_preview(user=signed_in(request), spec=JobSpec(**form.spec_kwargs()))
@@ -274,6 +422,8 @@ def job_submit_view(request: HttpRequest) -> HttpResponse:
     teams = teams_submittable(user=request.user)
     if request.method != "POST":
         initial, source = _initial(request)
+        if "gpu_type" not in initial and (gpu_type := default_gpu_type(teams, initial.get("team"))):
+            initial["gpu_type"] = gpu_type
         form = JobForm(initial=initial, teams=teams)
         return render(request, "portal/job_submit.html", _submit_context(request, form, source))
     form = JobForm(request.POST, teams=teams)
@@ -293,18 +443,22 @@ def job_submit_view(request: HttpRequest) -> HttpResponse:
 
 
 def _rename_time_limit(error: ValidationError) -> ValidationError:
-    """The service names the field time_limit_s; the form asks for hours."""
-    if hasattr(error, "error_dict") and "time_limit_s" in error.error_dict:
-        error.error_dict["time_limit_h"] = error.error_dict.pop("time_limit_s")
+    """The service names the fields time_limit_s and memory_mb_per_replica; the form asks hours and GiB."""
+    if hasattr(error, "error_dict"):
+        for service_name, form_name in (("time_limit_s", "time_limit_h"), ("memory_mb_per_replica", "memory_gb_per_replica")):
+            if service_name in error.error_dict:
+                error.error_dict[form_name] = error.error_dict.pop(service_name)
     return error
 
 
 def _save_template(request: HttpRequest, form: JobForm, source: Job | None) -> HttpResponse:
     name_form = TemplateNameForm(request.POST)
     if form.is_valid() and name_form.is_valid():
-        job_template_save(user=signed_in(request), name=name_form.cleaned_data["title"], form=form)
+        template = job_template_save(user=signed_in(request), name=name_form.cleaned_data["title"], form=form)
         messages.success(request, f"Saved template {name_form.cleaned_data['title']}")
-        return HttpResponseRedirect(reverse("job-submit"))
+        # Back to the same form, filled from the template just saved: saving is not submitting, and an
+        # empty form after it read as if the work was lost.
+        return HttpResponseRedirect(f"{reverse('job-submit')}?template={template.pk}")
     return render(request, "portal/job_submit.html", _submit_context(request, form, source, name_form=name_form), status=400)
 
 

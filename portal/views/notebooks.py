@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -15,10 +16,12 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from portal.forms import NotebookForm
+from portal.notebook_proxy import notebook_public_url
 from portal.views.common import add_service_errors, signed_in
-from portal.views.jobs import _after_action, render_live
-from scheduling.governance.reaper import idle_seconds, policy_for, seconds_to_reap
-from scheduling.models import Job, JobKind, Task
+from portal.views.jobs import _after_action, default_gpu_type, render_live
+from scheduling.governance.reaper import idle_seconds, policy_for, reap_at, seconds_to_reap
+from scheduling.models import Job, JobKind, Task, Tier
+from scheduling.notebook_secrets import open_url
 from scheduling.selectors import access_job, access_job_manage, can_manage_job, jobs_visible
 from scheduling.services import JobSpec, job_cancel, job_submit
 from scheduling.states import TERMINAL_STATES, JobState, TaskState
@@ -50,10 +53,45 @@ def _server_url(job: Job) -> str:
     return task.notebook_url if task else ""
 
 
+def notebook_lab_url(job: Job) -> str:
+    """Where a browser opens the notebook: the portal's notebook proxy (portal/notebook_proxy.py), never the node."""
+    return f"{notebook_public_url()}/notebooks/{job.pk}/lab/"
+
+
+def can_open_notebook(*, user: object, job: Job) -> bool:
+    """Its owner, its team's lead, an admin above the team (the people who may stop it); nobody else, not
+    even a teammate: a notebook is its owner's files and kernels."""
+    return can_manage_job(user=user, job=job)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class NotebookTarget:
+    base: str  # http://node:port/notebooks/42/lab/
+    token: str | None
+
+
+def notebook_target(*, user: object, pk: int) -> NotebookTarget | None:
+    """The Jupyter server behind notebook ``pk`` if ``user`` may open it and it runs and answers; else None.
+
+    What the notebook proxy asks before it forwards a request (with the token, opened from its seal)."""
+    try:
+        job = access_job(user=user, pk=pk)  # type: ignore[arg-type]
+    except Http404:
+        return None
+    if job.kind != JobKind.NOTEBOOK or job.state != JobState.RUNNING or not can_open_notebook(user=user, job=job):
+        return None
+    stored = _server_url(job)
+    if not stored:
+        return None
+    server = open_url(stored)
+    return NotebookTarget(base=server.base, token=server.token)
+
+
 @login_required
 def notebooks(request: HttpRequest) -> HttpResponse:
     teams = teams_submittable(user=request.user)
-    form = NotebookForm(request.POST or None, teams=teams)
+    gpu_type = default_gpu_type(teams)
+    form = NotebookForm(request.POST or None, teams=teams, initial={"gpu_type": gpu_type} if gpu_type else None)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         spec = JobSpec(
@@ -78,7 +116,10 @@ def notebooks(request: HttpRequest) -> HttpResponse:
         .order_by("-submitted_at")[:RECENT]
     )
     status = 400 if request.method == "POST" else 200
-    return render(request, "portal/notebooks.html", {"form": form, "notebooks": mine}, status=status)
+    first = teams.first()
+    policy = policy_for(team=first, tier=Tier.RESEARCH) if first is not None else None
+    context = {"form": form, "notebooks": mine, "timeout_min": math.ceil(policy.timeout_s / 60) if policy else None}
+    return render(request, "portal/notebooks.html", context, status=status)
 
 
 @dataclass(frozen=True)
@@ -90,6 +131,12 @@ class Activity:
     timeout_min: int
     reap_in_min: int  # if it stays idle
     threshold_pct: float
+    stop_at: datetime  # the moment the reaper would stop it if its GPUs stay idle
+    warned: bool
+    can_extend: bool  # the policy allows one extension and it has not been used
+    extend_min: int
+    extended_until: datetime | None
+    policy_source: str
 
 
 def _activity(job: Job) -> Activity | None:
@@ -99,42 +146,77 @@ def _activity(job: Job) -> Activity | None:
     policy = policy_for(team=job.team, tier=job.tier)
     idle_s = idle_seconds(job=job, now=now, threshold_pct=policy.threshold_pct, cap_s=policy.timeout_s)
     busy = Task.objects.filter(job=job, attempt=job.attempt).values_list("notebook_kernel_busy", flat=True).first()
+    extended_until = job.idle_extended_at + timedelta(seconds=policy.extend_s) if job.idle_extended_at else None
     return Activity(
         kernel_busy=busy,
         idle_min=int(idle_s // 60),
         timeout_min=math.ceil(policy.timeout_s / 60),
         reap_in_min=max(0, math.ceil(seconds_to_reap(job=job, policy=policy, idle_s=idle_s, now=now) / 60)),
         threshold_pct=policy.threshold_pct,
+        stop_at=reap_at(job=job, policy=policy, idle_s=idle_s, now=now),
+        warned=job.idle_warned_at is not None,
+        can_extend=policy.allow_extend and job.idle_extended_at is None and job.stop_requested_at is None,
+        extend_min=round(policy.extend_s / 60),
+        extended_until=extended_until,
+        policy_source=policy.source,
     )
+
+
+def _ended_as(job: Job) -> str:
+    """How a notebook ended, in words: a stopped notebook is not a cancelled batch job."""
+    if job.state == JobState.CANCELLED:
+        return "Stopped (idle)" if job.stop_reason == "IDLE_TIMEOUT" else "Stopped"
+    return job.get_state_display()
 
 
 @login_required
 def notebook_detail(request: HttpRequest, pk: int) -> HttpResponse:
     job = _notebook(request, pk)
     is_owner = job.user_id == request.user.pk
+    may_open = can_open_notebook(user=request.user, job=job)
     context = {
         "job": job,
         "is_owner": is_owner,
         # Only its owner learns that a server is up: the URL carries the token, and the page says nothing more.
-        "ready": is_owner and bool(_server_url(job)),
+        # Only those who may open it learn that a server is up; the link is the portal's proxy, no token in it.
+        "ready": may_open and bool(_server_url(job)),
         "can_manage": can_manage_job(user=request.user, job=job),
         "terminal_states": [s.value for s in TERMINAL_STATES],
         "activity": _activity(job),
+        "state_label": _ended_as(job),
     }
     return render_live(request, "portal/notebook_detail.html", context, terminal=job.is_terminal)
 
 
 @login_required
 def notebook_open(request: HttpRequest, pk: int) -> HttpResponse:
-    """302 to the Jupyter server with its token, for the notebook's owner only (404 for anyone else)."""
+    """302 to the notebook through the portal's proxy, for those who may open it (404 for anyone else)."""
     job = _notebook(request, pk)
-    if job.user_id != request.user.pk:
+    if not can_open_notebook(user=request.user, job=job):
         raise Http404("No such notebook")
-    url = _server_url(job)
-    if not url or job.is_terminal:
+    if not _server_url(job) or job.state != JobState.RUNNING:
         messages.info(request, "The notebook is not running yet")
         return HttpResponseRedirect(reverse("notebook", args=[job.pk]))
-    return HttpResponseRedirect(url)
+    return HttpResponseRedirect(notebook_lab_url(job))
+
+
+def notebook_lab_elsewhere(request: HttpRequest, pk: int, rest: str = "") -> HttpResponse:
+    """/notebooks/<id>/lab/… reached the WSGI web tier: the notebook proxy serves it (portal/notebook_proxy.py).
+
+    Where it lives on another address (YARD_NOTEBOOK_URL; `make run`: port 8001) the browser is sent there;
+    otherwise the reverse proxy does not route the path to it, and the page says what to change."""
+    target = notebook_public_url()
+    if target:
+        query = request.META.get("QUERY_STRING", "")
+        return HttpResponseRedirect(f"{target}/notebooks/{pk}/lab/{rest}" + (f"?{query}" if query else ""))
+    return HttpResponse(
+        "Notebooks are served by the portal's notebook proxy (uvicorn portal.asgi:application), and this request "
+        "reached the web server instead: route /notebooks/<id>/lab/ (HTTP and websockets) to the notebook proxy "
+        "in the reverse proxy, or set YARD_NOTEBOOK_URL to where it listens. See the README, "
+        '"Notebooks through the portal".',
+        status=502,
+        content_type="text/plain",
+    )
 
 
 @login_required
@@ -144,6 +226,5 @@ def notebook_stop(request: HttpRequest, pk: int) -> HttpResponse:
     if job.kind != JobKind.NOTEBOOK:
         raise Http404("No such notebook")
     if not job.is_terminal:
-        job_cancel(job=job, actor=signed_in(request))
-        messages.success(request, "Stopping the notebook")
+        job_cancel(job=job, actor=signed_in(request))  # the page says "Stopping" until it has stopped
     return _after_action(request, reverse("notebook", args=[job.pk]))

@@ -6,7 +6,9 @@ an htmx edit swaps one cell, a plain POST (no JavaScript) redirects or re-render
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import reduce
 from operator import or_
 from typing import Any
@@ -14,7 +16,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
-from django.db.models import Q, QuerySet
+from django.db.models import Count, Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
@@ -22,6 +24,8 @@ from django.views.decorators.http import require_POST
 
 from portal.forms import QuotaForm, UnitCreateForm, UnitMoveForm
 from portal.views.common import add_service_errors, signed_in
+from scheduling.core.quota import guarantee_by_tier
+from scheduling.models import Allocation
 from tenants.models import AuditEntry, OrgUnit, Quota, UnitKind
 from tenants.selectors import access_unit_admin, admin_roots, units_administered, units_visible
 from tenants.services import guarantees_sum, quota_set, unit_create, unit_delete, unit_move
@@ -38,10 +42,27 @@ class Cell:
     children_guaranteed: int = 0
     form: QuotaForm | None = None
     saved: bool = False
+    in_use: int = 0  # GPUs of this type held now by the unit's teams (what a new limit is checked against)
+    # A team's cell: how its guarantee is held now, claimed in tier order (Tier 1, 2, 3), and what it borrows.
+    tiers: TierShare | None = None
 
     @property
     def dom_id(self) -> str:
         return f"q-{self.unit.pk}-{self.gpu_type}"
+
+
+@dataclass(frozen=True)
+class TierShare:
+    """A team's guarantee of one GPU type as the scheduler shares it between tiers (scheduling/core/quota.py)."""
+
+    tier_1: int
+    tier_2: int
+    tier_3: int
+    borrowed: int
+
+    @property
+    def shown(self) -> bool:
+        return bool(self.tier_1 or self.tier_2 or self.tier_3 or self.borrowed)
 
 
 @dataclass
@@ -74,6 +95,8 @@ def _tree(user: Any, *, failed: Cell | None = None) -> tuple[list[Row], list[str
     quotas = {(q.unit_id, q.gpu_type): q for q in Quota.objects.filter(unit_id__in=ids)}
     gpu_types = sorted({t for _, t in quotas} or {"H100"})
     editable_ids = set(units_administered(user=user).filter(pk__in=ids).values_list("pk", flat=True))
+    in_use = _in_use(units)
+    tiers = _tier_shares(units, quotas)
     children_sum: dict[tuple[int | None, str], int] = {}
     for unit in units:
         for t in gpu_types:
@@ -88,19 +111,98 @@ def _tree(user: Any, *, failed: Cell | None = None) -> tuple[list[Row], list[str
                 row.cells.append(failed)
                 continue
             q = quotas.get((unit.pk, t))
-            cell = Cell(unit, t, q, row.editable, children_sum.get((unit.pk, t), 0))
+            cell = Cell(
+                unit,
+                t,
+                q,
+                row.editable,
+                children_sum.get((unit.pk, t), 0),
+                in_use=in_use.get((unit.pk, t), 0),
+                tiers=tiers.get((unit.pk, t)),
+            )
             cell.form = _quota_form(q) if row.editable else None
             row.cells.append(cell)
         rows.append(row)
     return rows, gpu_types
 
 
-def _history(user: Any) -> QuerySet[AuditEntry]:
-    return (
+def _in_use(units: list[OrgUnit]) -> dict[tuple[int, str], int]:
+    """(unit, GPU type) -> GPUs held now by the unit's subtree; one query over the live allocations."""
+    ids = {u.pk for u in units}
+    held: dict[tuple[int, str], int] = defaultdict(int)
+    live = (
+        Allocation.objects.filter(released_at__isnull=True)
+        .values_list("job__team__path", "job__gpu_type")
+        .annotate(n=Count("id"))
+    )
+    for path, gpu_type, n in live:
+        for part in path.strip("/").split("/"):
+            if part and int(part) in ids:
+                held[(int(part), gpu_type)] += n
+    return dict(held)
+
+
+def _tier_shares(units: list[OrgUnit], quotas: dict[tuple[int, str], Quota]) -> dict[tuple[int, str], TierShare]:
+    """(team, GPU type) -> how its guarantee is held by tier now; one query over the live allocations.
+
+    The guarantee is claimed in tier order (Tier 1 first), so a team's own spot work inside its
+    guarantee is what its Tier 1 and Tier 2 jobs take back when they need it."""
+    teams = {u.pk for u in units if u.kind == UnitKind.TEAM}
+    held: dict[tuple[int, str], dict[int, int]] = defaultdict(dict)
+    live = (
+        Allocation.objects.filter(released_at__isnull=True, job__team_id__in=teams)
+        .values_list("job__team_id", "job__gpu_type", "job__tier")
+        .annotate(n=Count("id"))
+    )
+    for team_id, gpu_type, tier, n in live:
+        held[(team_id, gpu_type)][tier] = n
+    shares = {}
+    for key in {*held, *(k for k in quotas if k[0] in teams)}:
+        q = quotas.get(key)
+        (t1, t2, t3), borrowed = guarantee_by_tier(q.guaranteed if q else 0, held.get(key, {}))
+        shares[key] = TierShare(t1, t2, t3, borrowed)
+    return shares
+
+
+@dataclass(frozen=True)
+class HistoryLine:
+    time: datetime
+    actor_label: str
+    text: str
+
+
+QUOTA_FIELDS = (("guaranteed", "guaranteed"), ("limit", "limit"), ("weight", "weight"))
+
+
+def _shown(field: str, value: Any) -> str:
+    if value is None:
+        return "no limit" if field == "limit" else "—"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def history_text(entry: AuditEntry) -> str:
+    """A quota change as people say it ("limit no limit → 32", not "limit None → 32"), from the audit
+    row's before and after; other entries as their message says."""
+    data = entry.data if isinstance(entry.data, dict) else {}
+    before, after = data.get("before"), data.get("after")
+    if entry.action.startswith("quota.") and isinstance(before, dict) and isinstance(after, dict) and entry.unit is not None:
+        created = entry.action == "quota.create"
+        changes = [
+            f"{label} {_shown(key, before.get(key))} → {_shown(key, after.get(key))}"
+            for key, label in QUOTA_FIELDS
+            if key in after and (created or before.get(key) != after.get(key))
+        ]
+        return f"{entry.unit.name} {data.get('gpu_type', '')}: " + (", ".join(changes) or "saved unchanged")
+    return entry.message or entry.action
+
+
+def _history(user: Any) -> list[HistoryLine]:
+    entries = (
         AuditEntry.objects.filter(unit__in=_subtree(user), action__regex=r"^(quota|unit)\.")
         .select_related("unit")
         .order_by("-time", "-id")[:HISTORY_LENGTH]
     )
+    return [HistoryLine(e.time, e.actor_label, history_text(e)) for e in entries]
 
 
 def _page(request: HttpRequest, *, status: int = 200, **extra: Any) -> HttpResponse:
@@ -133,8 +235,15 @@ def quota_edit(request: HttpRequest, unit_id: int, gpu_type: str) -> HttpRespons
     quota = Quota.objects.filter(unit=unit, gpu_type=gpu_type).first()
     form = _quota_form(quota, request.POST)
     cell = Cell(
-        unit, gpu_type, quota, editable=True, children_guaranteed=guarantees_sum(parent=unit, gpu_type=gpu_type), form=form
+        unit,
+        gpu_type,
+        quota,
+        editable=True,
+        children_guaranteed=guarantees_sum(parent=unit, gpu_type=gpu_type),
+        form=form,
+        in_use=_in_use([unit]).get((unit.pk, gpu_type), 0),
     )
+    quotas = {(unit.pk, gpu_type): quota} if quota is not None else {}
     if form.is_valid():
         try:
             cell.quota = quota_set(
@@ -146,8 +255,10 @@ def quota_edit(request: HttpRequest, unit_id: int, gpu_type: str) -> HttpRespons
                 weight=form.cleaned_data["weight"],
             )
             cell.saved = True
+            quotas = {(unit.pk, gpu_type): cell.quota}
         except ValidationError as error:
             add_service_errors(form, error)
+    cell.tiers = _tier_shares([unit], quotas).get((unit.pk, gpu_type))
     if request.htmx:  # type: ignore[attr-defined]
         if cell.saved:
             cell.form = _quota_form(cell.quota)

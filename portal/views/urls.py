@@ -2,23 +2,28 @@
 
 from django.urls import URLPattern, URLResolver, path
 
-from portal.views import cluster, jobs, notebooks, quotas, tokens
+from portal.views import cluster, fairshare, jobs, notebooks, quotas, tokens
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("jobs/", jobs.jobs_list, name="jobs"),
     path("jobs/new/", jobs.job_submit_view, name="job-submit"),
     path("jobs/<int:pk>/", jobs.job_detail, name="job"),
+    path("jobs/<int:pk>/log/", jobs.job_log_download, name="job-log"),
     path("jobs/<int:pk>/cancel/", jobs.job_cancel_view, name="job-cancel"),
     path("jobs/<int:pk>/rerun/", jobs.job_rerun, name="job-rerun"),
     path("notebooks/", notebooks.notebooks, name="notebooks"),
     path("notebooks/<int:pk>/", notebooks.notebook_detail, name="notebook"),
     path("notebooks/<int:pk>/open", notebooks.notebook_open, name="notebook-open"),
+    # Served by the notebook proxy (portal/notebook_proxy.py); reaching the WSGI tier says where it is.
+    path("notebooks/<int:pk>/lab/", notebooks.notebook_lab_elsewhere),
+    path("notebooks/<int:pk>/lab/<path:rest>", notebooks.notebook_lab_elsewhere),
     path("notebooks/<int:pk>/stop/", notebooks.notebook_stop, name="notebook-stop"),
     path("cluster/", cluster.cluster, name="cluster"),
     path("cluster/nodes/", cluster.node_maintenance, name="node-maintenance"),
     path("tokens/", tokens.tokens, name="tokens"),
     path("tokens/<int:pk>/revoke/", tokens.token_revoke_view, name="token-revoke"),
     path("quotas/", quotas.quotas, name="quotas"),
+    path("fairshare/", fairshare.fairshare_page, name="fairshare"),
     path("quotas/history/", quotas.quota_history, name="quota-history"),
     path("quotas/units/new/", quotas.unit_add, name="unit-add"),
     path("quotas/units/move/", quotas.unit_relocate, name="unit-move"),

@@ -8,14 +8,17 @@ Job and task state changes are not made here: status reports go through the sche
 from __future__ import annotations
 
 import secrets
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import Prefetch
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db.models import Case, F, Q, QuerySet, Value, When
+from django.db.models.functions import Coalesce, Greatest
+from django.db.models.query import get_related_populators  # type: ignore[attr-defined]
 from django.utils import timezone
 
 from scheduling import services as scheduling_services
@@ -50,6 +53,14 @@ class GpuInfo:
     nvlink_domain: str
     pcie_switch: str
     numa_node: int | None
+    # A MIG instance (its gpu_type is then "<parent type>.<profile>"); both empty for a whole GPU.
+    mig_profile: str = ""
+    parent_uuid: str = ""
+
+    @property
+    def parent_type(self) -> str:
+        """The physical GPU's type: "H100" for an H100 and for each of its MIG instances."""
+        return self.gpu_type.removesuffix(f".{self.mig_profile}") if self.mig_profile else self.gpu_type
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,10 @@ class Registration:
     simulated: bool
     agent_version: str
     gpus: Sequence[GpuInfo]
+    # 0: unknown (an agent older than these fields); the scheduler then does not limit by it.
+    cpus: int = 0
+    memory_mb: int = 0
+    fabric_domain: str = ""  # the multi-node NVLink domain it is in; "": none
 
 
 @dataclass(frozen=True)
@@ -81,12 +96,30 @@ class NotebookReport:
 
 
 @dataclass(frozen=True)
+class GpuWindowReport:
+    """One GPU's minute, folded by the agent: what GpuWindow stores, sent once the minute is over."""
+
+    index: int
+    start: float
+    samples: int
+    utilization_sum: float
+    utilization_max: float
+    memory_used_max_mb: float = 0.0
+
+
+@dataclass(frozen=True)
 class TaskReport:
     task_id: int
     attempt: int
     state: str  # "running", "stopping" or "exited": the agent's local view
     checkpoint_time: float | None = None
     notebook: NotebookReport | None = None
+    pid: int | None = None
+    started_at: float | None = None
+    # Real use as the agent measured it; None: not measured this time (the stored value stays).
+    cpu_used: float | None = None
+    memory_used_mb: float | None = None
+    memory_peak_mb: float | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -98,6 +131,37 @@ class Heartbeat:
     gpus: Sequence[GpuSample] = ()
     tasks: Sequence[TaskReport] = ()
     draining_reason: str | None = None
+    windows: Sequence[GpuWindowReport] = ()
+
+
+def heartbeat_from(data: dict[str, Any]) -> Heartbeat:
+    """A Heartbeat from a body validated against protocol.HEARTBEAT."""
+    return Heartbeat(
+        gpus=[GpuSample(**gpu) for gpu in data["gpus"]],
+        windows=[GpuWindowReport(**w) for w in data["windows"]],
+        tasks=[
+            TaskReport(
+                task_id=t["task_id"],
+                attempt=t["attempt"],
+                state=t["state"],
+                checkpoint_time=t["checkpoint_time"],
+                pid=t["pid"],
+                started_at=t["started_at"],
+                cpu_used=t["cpu_used"],
+                memory_used_mb=t["memory_used_mb"],
+                memory_peak_mb=t["memory_peak_mb"],
+                notebook=NotebookReport(
+                    url=t["notebook"]["url"],
+                    kernel_busy=t["notebook"]["kernel_busy"],
+                    last_activity=t["notebook"]["last_activity"],
+                )
+                if t["notebook"]
+                else None,
+            )
+            for t in data["tasks"]
+        ],
+        draining_reason=data["draining_reason"] or None,
+    )
 
 
 @dataclass(frozen=True)
@@ -112,18 +176,21 @@ class StatusReport:
     ended_at: float | None = None
     notebook_url: str | None = None
     stop_cause: str | None = None  # why the agent stopped it on its own account (docs/agent-api.md)
+    checkpoint_time: float | None = None  # the newest checkpoint, read after the workload exited
 
 
 # An agent that stops work on its own account says why; the job then ends as if the portal had
 # ordered it: past its time limit it fails with TIME_LIMIT, and work stopped because the agent lost
 # the portal is requeued (the node's fault, not the job's) instead of failing on exit status 143.
-_AGENT_STOP_REASONS = {"time_limit": "TIME_LIMIT", "portal_unreachable": "PREEMPTED"}
+# "agent_lost": the node's watchdog stopped it because its agent was gone (killed or hung) too long.
+_AGENT_STOP_REASONS = {"time_limit": "TIME_LIMIT", "portal_unreachable": "PREEMPTED", "agent_lost": "PREEMPTED"}
 
 
 @dataclass
 class HeartbeatResult:
     node_state: str
     live_tasks: list[Task] = field(default_factory=list)
+    desired: list[dict[str, Any]] = field(default_factory=list)
 
 
 class NodeExists(Exception):
@@ -169,7 +236,8 @@ def node_register(*, enrolment: EnrolmentToken, registration: Registration, now:
         name=reg.name,
         leaf=leaf,
         address=reg.address,
-        gpu_type=reg.gpus[0].gpu_type if reg.gpus else "",
+        # The node's whole-GPU type, even when every GPU is split into MIG instances (each Gpu row has its own).
+        gpu_type=reg.gpus[0].parent_type if reg.gpus else "",
         # NOT_READY until its first heartbeat: registering says the agent exists, not that it runs.
         state=NodeState.NOT_READY,
         state_reason=f"registered with enrolment token {enrolment.name!r}; waiting for the first heartbeat",
@@ -178,6 +246,9 @@ def node_register(*, enrolment: EnrolmentToken, registration: Registration, now:
         simulated=reg.simulated,
         token_hash=hash_token(raw),
         agent_version=reg.agent_version,
+        cpus=reg.cpus,
+        memory_mb=reg.memory_mb,
+        fabric_domain=reg.fabric_domain,
         registered_at=now,
     )
     Gpu.objects.bulk_create(
@@ -191,6 +262,8 @@ def node_register(*, enrolment: EnrolmentToken, registration: Registration, now:
             nvlink_domain=_qualified(reg.name, gpu.nvlink_domain),
             pcie_switch=_qualified(reg.name, gpu.pcie_switch),
             numa_node=_qualified(reg.name, "numa?" if gpu.numa_node is None else f"numa{gpu.numa_node}"),
+            mig_profile=gpu.mig_profile,
+            parent_uuid=gpu.parent_uuid,
         )
         for gpu in reg.gpus
     )
@@ -200,49 +273,52 @@ def node_register(*, enrolment: EnrolmentToken, registration: Registration, now:
 # --------------------------------------------------------------------------- heartbeat
 
 
-def _window_start(now: datetime) -> datetime:
-    return now.replace(second=0, microsecond=0)
+def _store_windows(*, gpus: dict[int, int], windows: Sequence[GpuWindowReport]) -> None:
+    """The agent's folded minutes, in one upsert through the ORM.
 
-
-def _fold_windows(*, samples: list[tuple[int, GpuSample]], start: datetime) -> None:
-    """Add one sample per GPU to its one-minute window, in one upsert statement for the node.
-
-    Django's bulk_create(update_conflicts=True) can only overwrite with the new row's values; a
-    window needs sums and maxima, so this is one INSERT … ON CONFLICT DO UPDATE (PostgreSQL, and
-    SQLite for `make run`, which spells GREATEST as a two-argument max()).
+    Each GPU's minute is folded by its own agent and sent whole once the minute is over (or again, if
+    the answer was lost), so a repeat overwrites with the same values: bulk_create's
+    update_conflicts is exactly that, and the ORM stores the times the way it reads them.
     """
-    rows = [(gpu_id, s) for gpu_id, s in samples if s.utilization_pct is not None or s.memory_used_mb is not None]
+    size = float(cast(float, settings.YARD["TELEMETRY_WINDOW_S"]))
+    rows = {
+        (gpus[w.index], w.start - w.start % size): w  # the last report of a window wins, should one repeat in a body
+        for w in windows
+        if w.index in gpus
+    }
     if not rows:
         return
-    greatest = "GREATEST" if connection.vendor == "postgresql" else "MAX"
-    table = connection.ops.quote_name(GpuWindow._meta.db_table)
-    values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(rows))
-    params: list[Any] = []
-    for gpu_id, s in rows:
-        util = s.utilization_pct
-        params += [gpu_id, start, 1 if util is not None else 0, util or 0.0, util or 0.0, s.memory_used_mb or 0.0]
-    sql = (
-        f"INSERT INTO {table} (gpu_id, start, samples, utilization_sum, utilization_max, memory_used_max_mb) "
-        f"VALUES {values} ON CONFLICT (gpu_id, start) DO UPDATE SET "
-        f"samples = {table}.samples + excluded.samples, "
-        f"utilization_sum = {table}.utilization_sum + excluded.utilization_sum, "
-        f"utilization_max = {greatest}({table}.utilization_max, excluded.utilization_max), "
-        f"memory_used_max_mb = {greatest}({table}.memory_used_max_mb, excluded.memory_used_max_mb)"
+    GpuWindow.objects.bulk_create(
+        [
+            GpuWindow(
+                gpu_id=gpu_id,
+                start=datetime.fromtimestamp(start, tz=UTC),
+                samples=w.samples,
+                utilization_sum=min(w.utilization_sum, 100.0 * w.samples),
+                utilization_max=w.utilization_max,
+                memory_used_max_mb=w.memory_used_max_mb,
+            )
+            for (gpu_id, start), w in rows.items()
+        ],
+        update_conflicts=True,
+        unique_fields=["gpu", "start"],
+        update_fields=["samples", "utilization_sum", "utilization_max", "memory_used_max_mb"],
     )
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
 
 
-def _store_telemetry(*, node: Node, samples: Sequence[GpuSample], now: datetime) -> list[tuple[Gpu, int]]:
-    """Latest values on each Gpu, the one-minute windows, XID events: a fixed number of statements.
+def _store_telemetry(*, node: Node, heartbeat: Heartbeat, now: datetime) -> list[tuple[Gpu, int]]:
+    """Latest values on each Gpu, the one-minute windows, XID events: a fixed number of statements,
+    and none at all in a heartbeat that carries no telemetry (agents send it once a minute).
 
     Returns the XIDs that drain the node (settings.YARD["XID_DRAIN_CODES"]), with their GPUs.
     """
-    if not samples:
+    samples, windows = heartbeat.gpus, heartbeat.windows
+    if not samples and not windows:
         return []
-    gpus = {gpu.index: gpu for gpu in Gpu.objects.filter(node=node)}
     # Matched by index, not uuid: a node seeded by the portal (the demo) knows its GPUs' places
     # before any agent has reported their uuids.
+    gpus = {gpu.index: gpu for gpu in Gpu.objects.filter(node=node)}
+    _store_windows(gpus={index: gpu.pk for index, gpu in gpus.items()}, windows=windows)
     matched = [(gpus[s.index], s) for s in samples if s.index in gpus]
     for gpu, s in matched:
         gpu.utilization_pct, gpu.memory_used_mb = s.utilization_pct, s.memory_used_mb
@@ -251,12 +327,15 @@ def _store_telemetry(*, node: Node, samples: Sequence[GpuSample], now: datetime)
         Gpu.objects.bulk_update(
             [gpu for gpu, _ in matched], ["utilization_pct", "memory_used_mb", "temperature_c", "power_w", "telemetry_at"]
         )
-    _fold_windows(samples=[(gpu.pk, s) for gpu, s in matched], start=_window_start(now))
-    xids = [XidEvent(gpu=gpu, time=now, code=code) for gpu, s in matched for code in s.xid_errors]
-    if xids:
-        XidEvent.objects.bulk_create(xids)
+    # One row per GPU and code, with how often it came: a GPU spewing one XID is one row, not thousands.
+    seen: dict[tuple[int, int], int] = {}
+    for gpu, s in matched:
+        for code in s.xid_errors:
+            seen[(gpu.index, code)] = seen.get((gpu.index, code), 0) + 1
+    if seen:
+        XidEvent.objects.bulk_create(XidEvent(gpu=gpus[index], time=now, code=code, count=n) for (index, code), n in seen.items())
     drain_codes = cast(frozenset[int], settings.YARD["XID_DRAIN_CODES"])
-    return [(event.gpu, event.code) for event in xids if event.code in drain_codes]
+    return [(gpus[index], code) for index, code in seen if code in drain_codes]
 
 
 # What the drain reason says for each XID that drains a node (NVIDIA's XID catalogue).
@@ -296,8 +375,17 @@ def _drain_for_xids(*, node: Node, critical: Sequence[tuple[Gpu, int]], now: dat
     node.refresh_from_db(fields=["state", "state_reason", "hold_reason"])
 
 
+USE_FIELDS = ("cpu_used", "memory_used_mb", "memory_peak_mb")
+
+
+def _use_moved(before: float | None, now: float) -> bool:
+    """Worth a write: first reported, or moved by more than 1 % (readings jitter at every heartbeat, and a
+    node's tasks are then written in the one bulk update anyway)."""
+    return before is None or abs(now - before) > 0.01 * max(abs(before), abs(now), 0.01)
+
+
 def _store_task_facts(*, live: Sequence[Task], reports: Sequence[TaskReport]) -> None:
-    """Checkpoint times and notebook activity from the agent's view of its live tasks."""
+    """Checkpoint times, notebook activity and real use from the agent's view of its live tasks."""
     by_key = {r.key: r for r in reports}
     tasks: list[Task] = []
     jobs: dict[int, Job] = {}
@@ -319,13 +407,32 @@ def _store_task_facts(*, live: Sequence[Task], reports: Sequence[TaskReport]) ->
             if facts != (task.notebook_url, task.notebook_kernel_busy, task.notebook_last_activity):
                 task.notebook_url, task.notebook_kernel_busy, task.notebook_last_activity = facts
                 changed = True
+        for name in USE_FIELDS:
+            value = getattr(report, name)
+            if value is not None and _use_moved(getattr(task, name), value):
+                setattr(task, name, value)
+                changed = True
         if changed:
             tasks.append(task)
     if tasks:
-        Task.objects.bulk_update(tasks, ["checkpoint_at", "notebook_url", "notebook_kernel_busy", "notebook_last_activity"])
+        Task.objects.bulk_update(
+            tasks, ["checkpoint_at", "notebook_url", "notebook_kernel_busy", "notebook_last_activity", *USE_FIELDS]
+        )
     if jobs:
-        # Only this field: the job's state belongs to the scheduling services' conditional updates.
-        Job.objects.bulk_update(list(jobs.values()), ["last_checkpoint_at"])
+        # Only this field, and only forward (two ranks' agents may report in either order), in one
+        # statement for all of them. The job's state belongs to the scheduling services.
+        Job.objects.filter(pk__in=list(jobs)).update(
+            last_checkpoint_at=Case(
+                *(
+                    When(
+                        pk=pk,
+                        then=Greatest(Coalesce("last_checkpoint_at", Value(j.last_checkpoint_at)), Value(j.last_checkpoint_at)),
+                    )
+                    for pk, j in jobs.items()
+                ),
+                default=F("last_checkpoint_at"),
+            )
+        )
 
 
 def _next_state(*, node: Node, live: Sequence[Task], heartbeat: Heartbeat) -> tuple[str, str]:
@@ -369,29 +476,138 @@ def _settle_never_started(*, live: Sequence[Task], reports: Sequence[TaskReport]
 
 
 def live_tasks_of(*, node: Node) -> list[Task]:
-    """The node's live tasks with their jobs and live GPU allocations (two queries, whatever the count)."""
-    return list(
-        Task.objects.filter(node=node, state__in=TASK_LIVE_STATES)
+    """The node's live tasks with their jobs and owners, in one query: each task carries its GPU indices
+    (Task.gpu_indices, written at placement). Tasks made before that field existed get theirs from
+    their live allocations, in one more query."""
+    tasks = _LIVE_TASKS.fetch(node.pk)
+    missing = [t for t in tasks if not t.gpu_indices]
+    if missing:
+        by_task: dict[int, list[int]] = {}
+        live = Allocation.objects.filter(task__in=missing, released_at__isnull=True).order_by("gpu__index")
+        for task_id, index in live.values_list("task_id", "gpu__index"):
+            by_task.setdefault(task_id, []).append(index)
+        for task in missing:
+            task.gpu_indices = by_task.get(task.pk, [])
+    return tasks
+
+
+def live_tasks_queryset(node_id: int) -> QuerySet[Task]:
+    return (
+        Task.objects.filter(node_id=node_id, state__in=TASK_LIVE_STATES)
         .select_related("job__user")
-        .prefetch_related(
-            Prefetch(
-                "allocations",
-                queryset=Allocation.objects.filter(released_at__isnull=True).select_related("gpu").order_by("gpu__index"),
-                to_attr="live_allocations",
-            )
-        )
+        .only(*_TASK_FIELDS)
         .order_by("job_id", "rank")
     )
 
 
+class _CompiledOnce:
+    """live_tasks_queryset, compiled to SQL once per thread and run with each node's id.
+
+    Compiling the query (joins, the select list, the state filter) was half the CPU of a heartbeat,
+    the path every node calls every few seconds; its shape never changes, only the node id does. The
+    rows become model instances exactly as Django's own iterator makes them (the same converters and
+    related populators), and tests/agent_api/test_heartbeat.py checks the result equals the ORM's.
+    """
+
+    SENTINEL = -7_340_033  # a node id no database has, to find the parameter to substitute
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+
+    def _compiled(self) -> tuple[Any, str, list[Any], int]:
+        state = getattr(self.local, "compiled", None)
+        if state is None or state[0].connection is not connections[DEFAULT_DB_ALIAS]:
+            qs = live_tasks_queryset(self.SENTINEL)
+            compiler = qs.query.get_compiler(using=qs.db)
+            sql, params = compiler.as_sql()
+            state = (compiler, sql, list(params), list(params).index(self.SENTINEL))
+            self.local.compiled = state
+        return state
+
+    def fetch(self, node_id: int) -> list[Task]:
+        compiler, sql, params, at = self._compiled()
+        params = [*params[:at], node_id, *params[at + 1 :]]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        select, klass_info = compiler.select, compiler.klass_info
+        fields = klass_info["select_fields"]
+        start, end = fields[0], fields[-1] + 1
+        names = [f[0].target.attname for f in select[start:end]]
+        populators = get_related_populators(klass_info, select, connection.alias)
+        tasks: list[Task] = []
+        for row in compiler.results_iter(results=[rows]):
+            task = Task.from_db(connection.alias, names, row[start:end])
+            for populator in populators:
+                populator.populate(row, task)
+            tasks.append(task)
+        return tasks
+
+
+_LIVE_TASKS = _CompiledOnce()
+
+
+# What a heartbeat reads of a task, its job and the job's owner: nothing it does not send or decide on.
+_TASK_FIELDS = (
+    "id", "job_id", "attempt", "rank", "node_id", "state", "master_addr", "master_port", "gpu_indices", "started_at",
+    "checkpoint_at", "notebook_url", "notebook_kernel_busy", "notebook_last_activity",
+    "cpu_used", "memory_used_mb", "memory_peak_mb",
+    "job__id", "job__kind", "job__replicas", "job__cpus_per_replica", "job__memory_mb_per_replica", "job__command", "job__env",
+    "job__checkpoint_dir", "job__time_limit_s",
+    "job__stop_requested_at", "job__stop_reason", "job__stop_grace_s", "job__last_checkpoint_at", "job__attempt",
+    "job__state", "job__user_id", "job__user__id", "job__user__username",
+)  # fmt: skip
+
+
 @transaction.atomic
 def node_heartbeat(*, node: Node, heartbeat: Heartbeat, now: datetime | None = None) -> HeartbeatResult:
-    """Record a heartbeat: liveness, telemetry, task facts. Returns the live tasks for `desired`."""
+    """Record a heartbeat of ``node``: liveness, what changed of its tasks, telemetry. Returns the `desired` list."""
     now = now or timezone.now()
     # Liveness first, as the transaction's first statement: it takes the node's row lock, so a
     # concurrent liveness check cannot declare the node DOWN under this heartbeat; and SQLite
     # (`make run`) takes its write lock before any read, while waiting for it is still allowed.
     Node.objects.filter(pk=node.pk).update(last_heartbeat=now)
+    return _heartbeat(node=node, heartbeat=heartbeat, now=now)
+
+
+_NODE_COLUMNS = [f for f in Node._meta.concrete_fields]
+
+
+@transaction.atomic
+def node_heartbeat_by_token(*, token_hash: str, heartbeat: Heartbeat, now: datetime | None = None) -> HeartbeatResult | None:
+    """The heartbeat of the node whose token hashes to ``token_hash``, or None for no such node.
+
+    The node's lookup and its liveness are one statement (UPDATE … RETURNING): it finds the node by its
+    token, takes its row lock (see node_heartbeat) and reads its current state, in one round trip
+    instead of three on the path every node calls every few seconds.
+    """
+    now = now or timezone.now()
+    table = connection.ops.quote_name(Node._meta.db_table)
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in _NODE_COLUMNS)
+    last = connection.ops.quote_name(Node._meta.get_field("last_heartbeat").column)
+    token = connection.ops.quote_name(Node._meta.get_field("token_hash").column)
+    with connection.cursor() as cursor:
+        cursor.execute(f"UPDATE {table} SET {last} = %s WHERE {token} = %s RETURNING {columns}", [now, token_hash])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    values = []
+    for f, value in zip(_NODE_COLUMNS, row, strict=True):
+        # The backend's converters (SQLite returns datetimes as text; PostgreSQL needs none).
+        col = f.get_col(Node._meta.db_table)
+        for convert in connection.ops.get_db_converters(col) + f.get_db_converters(connection):  # type: ignore[attr-defined]
+            value = convert(value, col, connection)
+        values.append(value)
+    node = Node.from_db(connection.alias, [f.attname for f in _NODE_COLUMNS], values)
+    return _heartbeat(node=node, heartbeat=heartbeat, now=now)
+
+
+def _heartbeat(*, node: Node, heartbeat: Heartbeat, now: datetime) -> HeartbeatResult:
+    """After the liveness update: the node's state, its tasks' changes, telemetry, the `desired` list.
+
+    In the steady state (nothing changed, no telemetry due) that is one more statement (the live
+    tasks); every write below happens only when something changed.
+    """
     live = live_tasks_of(node=node)
     state, reason = _next_state(node=node, live=live, heartbeat=heartbeat)
     if state != node.state:
@@ -399,6 +615,14 @@ def node_heartbeat(*, node: Node, heartbeat: Heartbeat, now: datetime | None = N
         # check), that change stands and the next heartbeat decides again.
         changed = Node.objects.filter(pk=node.pk, state=node.state).update(state=state, state_reason=reason, state_changed_at=now)
         if changed:
+            # Every state change an agent causes is audited (they are rare: only on change).
+            audit(
+                actor=None,
+                actor_label=f"agent {node.name}",
+                action="node.state",
+                obj=node,
+                message=f"{node.state} → {state}: {reason}",
+            )
             node.state, node.state_reason = state, reason
             if state == NodeState.READY:
                 scheduling_services.cycle_request()  # new capacity: place what waits now, not at the next beat
@@ -408,13 +632,27 @@ def node_heartbeat(*, node: Node, heartbeat: Heartbeat, now: datetime | None = N
         # The agent could not kill a task: a person must look at the node before it takes work again.
         node.hold_reason = heartbeat.draining_reason[:255]
         Node.objects.filter(pk=node.pk).update(hold_reason=node.hold_reason)
+        audit(actor=None, actor_label=f"agent {node.name}", action="node.drain", obj=node, message=node.hold_reason)
     node.last_heartbeat = now
     live = _settle_never_started(live=live, reports=heartbeat.tasks, now=now)
-    critical = _store_telemetry(node=node, samples=heartbeat.gpus, now=now)
+    scheduling_services.tasks_mark_started(tasks=live, reports=_started_reports(live, heartbeat.tasks), now=now)
+    critical = _store_telemetry(node=node, heartbeat=heartbeat, now=now)
     if critical:
         _drain_for_xids(node=node, critical=critical, now=now)
     _store_task_facts(live=live, reports=heartbeat.tasks)
-    return HeartbeatResult(node_state=node.state, live_tasks=live)
+    return HeartbeatResult(node_state=node.state, live_tasks=live, desired=[task_spec(task) for task in live])
+
+
+def _started_reports(live: Sequence[Task], reports: Sequence[TaskReport]) -> dict[int, scheduling_services.StartReport]:
+    """Tasks still ASSIGNED here that the agent reports started (running, stopping, or already exited)."""
+    assigned = {(t.pk, t.attempt) for t in live if t.state == TaskState.ASSIGNED}
+    return {
+        r.task_id: scheduling_services.StartReport(
+            pid=r.pid, started_at=epoch(r.started_at), notebook_url=(r.notebook.url or "") if r.notebook else ""
+        )
+        for r in reports
+        if r.key in assigned and r.started_at is not None
+    }
 
 
 def task_spec(task: Task) -> dict[str, object]:
@@ -435,7 +673,11 @@ def task_spec(task: Task) -> dict[str, object]:
         "local_rank": 0,
         "master_addr": task.master_addr,
         "master_port": task.master_port,
-        "gpus": [a.gpu.index for a in getattr(task, "live_allocations", [])],
+        "gpus": list(task.gpu_indices),
+        # What the replica was given beside its GPUs: the agent holds its processes to them where the
+        # OS lets it (cgroup v2), and the scheduler placed it where they were free.
+        "cpus": job.cpus_per_replica,
+        "memory_mb": job.memory_mb_per_replica,
         "command": job.command,
         "env": {str(k): str(v) for k, v in (job.env or {}).items()},
         "checkpoint_dir": job.checkpoint_dir or None,
@@ -443,6 +685,8 @@ def task_spec(task: Task) -> dict[str, object]:
         "action": "stop" if stopping else "run",
         "grace_s": job.stop_grace_s if job.stop_requested_at else settings.YARD["GRACE_PERIOD_S"],
         "stop_reason": (job.stop_reason or "stop requested") if stopping else None,
+        # The portal has recorded the task as started: the agent need not report its start again.
+        "started": task.state != TaskState.ASSIGNED,
     }
 
 
@@ -485,6 +729,15 @@ def task_report_status(*, node: Node, task_id: int, report: StatusReport) -> Tas
         return task  # a repeated exit report
     if task.state not in TASK_LIVE_STATES:
         raise StaleAttempt(task_id)
+    checkpoint = epoch(report.checkpoint_time)
+    if checkpoint is not None:
+        # Read by the agent after the process exited: a checkpoint written in the grace period counts,
+        # and work lost to a preemption is only what came after it (scheduling/governance/accounting.py).
+        Task.objects.filter(pk=task.pk).update(checkpoint_at=checkpoint)
+        Job.objects.filter(pk=task.job_id).filter(
+            Q(last_checkpoint_at__isnull=True) | Q(last_checkpoint_at__lt=checkpoint)
+        ).update(last_checkpoint_at=checkpoint)
+        task.job.refresh_from_db(fields=["last_checkpoint_at"])
     stop_reason = _AGENT_STOP_REASONS.get(report.stop_cause or "")
     if stop_reason is not None and task.job.stop_requested_at is None:
         note = "the agent stopped it past its time limit" if stop_reason == "TIME_LIMIT" else "its agent lost the portal"

@@ -1,253 +1,240 @@
-"""The node agent API (docs/agent-api.md): one view per operation, small input serializers.
+"""The node agent API (docs/agent-api.md): one view per operation, over the schema in protocol.py.
 
-Not part of the user API: excluded from the OpenAPI schema, authenticated only by agent tokens,
-and answering in the contract's error shape ({"code": …}) rather than DRF's.
+Plain Django views rather than DRF: a heartbeat comes from every node every few seconds, and DRF's
+request wrapping, content negotiation and nested serializers cost more CPU than the heartbeat's own
+work. Not part of the user API: authenticated only by agent tokens, with its own OpenAPI document
+(GET schema) and the contract's error shape ({"code": …}).
 """
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+import json
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
 
-from django.conf import settings
-from django.core.validators import ProhibitNullCharactersValidator
 from django.db import IntegrityError
-from drf_spectacular.utils import extend_schema
-from rest_framework import exceptions, serializers, status
-from rest_framework.parsers import JSONParser
-from rest_framework.permissions import BasePermission
-from rest_framework.renderers import JSONRenderer
-from rest_framework.request import Request
-from rest_framework.response import Response
-from rest_framework.views import APIView
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 
-from scheduling.agent import services
-from scheduling.agent.auth import AgentTokenAuthentication, IsEnrolment, IsNode
+from scheduling.agent import enrolment as enrolment_service
+from scheduling.agent import protocol, services
+from scheduling.agent.auth import NODE_PREFIX, agent_credential, bearer
 from scheduling.models import EnrolmentToken, Node
+from scheduling.notebook_secrets import seal_url
+from scheduling.selectors import yard_number
+from tenants.models import hash_token
 
-# --------------------------------------------------------------------------- input
-
-
-class GpuInfoIn(serializers.Serializer[Any]):
-    index = serializers.IntegerField(min_value=0, max_value=255)
-    uuid = serializers.CharField(max_length=64)
-    name = serializers.CharField(max_length=100, allow_blank=True, default="")
-    gpu_type = serializers.CharField(max_length=32)
-    memory_mb = serializers.IntegerField(min_value=0, default=0)
-    nvlink_domain = serializers.CharField(max_length=40)
-    pcie_switch = serializers.CharField(max_length=40)
-    numa_node = serializers.IntegerField(allow_null=True, required=False, default=None)
+JSON = "application/json"
+ENROLMENT_REFUSED = (
+    "not a live enrolment token: unknown, revoked, expired, or it has registered all the nodes it may; "
+    "a cluster admin makes a new one with `manage.py enrolment_token NAME --nodes N`"
+)
 
 
-class RegisterIn(serializers.Serializer[Any]):
-    name = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-    address = serializers.CharField(max_length=255, allow_blank=True, default="")
-    leaf = serializers.CharField(max_length=64)
-    spine = serializers.CharField(max_length=64)
-    simulated = serializers.BooleanField(default=False)
-    agent_version = serializers.CharField(max_length=32, allow_blank=True, default="")
-    gpus = GpuInfoIn(many=True, allow_empty=False)
-
-    def validate_gpus(self, gpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if len({g["index"] for g in gpus}) != len(gpus):
-            raise serializers.ValidationError("GPU indices must be unique")
-        if len({g["gpu_type"] for g in gpus}) != 1:
-            raise serializers.ValidationError("a node holds GPUs of one type")
-        return gpus
+def _error(code: str, status: int, **extra: Any) -> HttpResponse:
+    response = HttpResponse(json.dumps({"code": code, **extra}), status=status, content_type=JSON)
+    if status == 401:
+        response["WWW-Authenticate"] = "Bearer"
+    return response
 
 
-class GpuSampleIn(serializers.Serializer[Any]):
-    index = serializers.IntegerField(min_value=0)
-    utilization_pct = serializers.FloatField(allow_null=True, required=False, default=None)
-    memory_used_mb = serializers.FloatField(allow_null=True, required=False, default=None)
-    temperature_c = serializers.FloatField(allow_null=True, required=False, default=None)
-    power_w = serializers.FloatField(allow_null=True, required=False, default=None)
-    xid_errors = serializers.ListField(child=serializers.IntegerField(min_value=0), required=False, default=list)
+def _ok(body: dict[str, Any], status: int = 200) -> HttpResponse:
+    # separators: a heartbeat answer goes to every node every few seconds; spaces are bytes for nothing
+    return HttpResponse(json.dumps(body, separators=(",", ":")), status=status, content_type=JSON)
 
 
-class NotebookIn(serializers.Serializer[Any]):
-    url = serializers.CharField(max_length=1024, allow_null=True, allow_blank=True, required=False, default=None)
-    kernel_busy = serializers.BooleanField(allow_null=True, required=False, default=None)
-    last_activity = serializers.FloatField(allow_null=True, required=False, default=None)
+Handler = Callable[..., HttpResponse]
 
 
-class TaskReportIn(serializers.Serializer[Any]):
-    task_id = serializers.IntegerField(min_value=1)
-    attempt = serializers.IntegerField(min_value=1)
-    state = serializers.ChoiceField(choices=["running", "stopping", "exited"])
-    checkpoint_time = serializers.FloatField(allow_null=True, required=False, default=None)
-    notebook = NotebookIn(allow_null=True, required=False, default=None)
+def agent_endpoint(*, schema: protocol.Obj, credential: type[Node] | type[EnrolmentToken] = Node) -> Callable[[Handler], Handler]:
+    """POST only, the right kind of agent token, a JSON object valid under ``schema``; errors in the contract's shape."""
+
+    def decorate(handler: Handler) -> Handler:
+        @csrf_exempt
+        @wraps(handler)
+        def view(request: HttpRequest, **kwargs: Any) -> HttpResponse:
+            if request.method != "POST":
+                response = _error("method_not_allowed", 405, message="use POST")
+                response["Allow"] = "POST"
+                return response
+            found = agent_credential(request)
+            if not isinstance(found, credential):
+                # The wrong kind of token for the endpoint is "unauthorized" too (docs/agent-api.md).
+                if credential is EnrolmentToken:
+                    return _error("unauthorized", 401, message=ENROLMENT_REFUSED)
+                return _error("unauthorized", 401)
+            try:
+                body = json.loads(request.body or b"null")
+            except ValueError:
+                return _error("invalid", 400, errors={"body": ["not valid JSON"]})
+            try:
+                data = protocol.validate(schema, body)
+            except protocol.Invalid as exc:
+                return _error("invalid", 400, errors=exc.errors)
+            try:
+                return handler(request, found, data, **kwargs)
+            except services.TaskNotFound:
+                return _error("not_found", 404)
+            except services.StaleAttempt:
+                return _error("stale_attempt", 409)
+
+        return view
+
+    return decorate
 
 
-class HeartbeatIn(serializers.Serializer[Any]):
-    gpus = GpuSampleIn(many=True, required=False, default=list)
-    tasks = TaskReportIn(many=True, required=False, default=list)
-    draining_reason = serializers.CharField(allow_null=True, allow_blank=True, required=False, default=None)
+def _limits() -> dict[str, float]:
+    """What an agent must know to keep the liveness arithmetic (docs/agent-api.md) on its side."""
+    return {
+        "heartbeat_interval_s": yard_number("HEARTBEAT_INTERVAL_S"),
+        "stop_after_s": yard_number("AGENT_STOP_AFTER_S"),
+        "fence_after_s": yard_number("AGENT_FENCE_AFTER_S"),
+        "max_grace_s": yard_number("AGENT_MAX_GRACE_S"),
+        "window_s": yard_number("TELEMETRY_WINDOW_S"),
+    }
 
 
-class StatusIn(serializers.Serializer[Any]):
-    attempt = serializers.IntegerField(min_value=1)
-    state = serializers.ChoiceField(choices=["running", "exited"])
-    pid = serializers.IntegerField(allow_null=True, required=False, default=None)
-    exit_code = serializers.IntegerField(allow_null=True, required=False, default=None)
-    signal = serializers.IntegerField(allow_null=True, required=False, default=None)
-    stopped_by = serializers.ChoiceField(choices=["sigterm", "sigkill"], allow_null=True, required=False, default=None)
-    started_at = serializers.FloatField(allow_null=True, required=False, default=None)
-    ended_at = serializers.FloatField(allow_null=True, required=False, default=None)
-    notebook_url = serializers.CharField(max_length=1024, allow_null=True, allow_blank=True, required=False, default=None)
-    stop_cause = serializers.ChoiceField(
-        choices=["stop", "fenced", "time_limit", "portal_unreachable"], allow_null=True, required=False, default=None
+@agent_endpoint(schema=protocol.REGISTER, credential=EnrolmentToken)
+def register(request: HttpRequest, enrolment: EnrolmentToken, data: dict[str, Any]) -> HttpResponse:
+    gpus = data["gpus"]
+    if errors := protocol.register_errors(data):
+        return _error("invalid", 400, errors=errors)
+    registration = services.Registration(
+        name=data["name"],
+        address=data["address"],
+        leaf=data["leaf"],
+        spine=data["spine"],
+        simulated=data["simulated"],
+        agent_version=data["agent_version"],
+        gpus=[services.GpuInfo(**gpu) for gpu in gpus],
+        cpus=data["cpus"],
+        memory_mb=data["memory_mb"],
+        fabric_domain=data["fabric_domain"],
     )
+    try:
+        node, token = enrolment_service.node_enrol(enrolment=enrolment, registration=registration)
+    except (services.NodeExists, IntegrityError):
+        # The name is taken, raced with another registration, or a GPU uuid belongs to another node.
+        return _error("node_exists", 409)
+    except enrolment_service.EnrolmentRefused:
+        # Another registration took the token's last use between the lookup and the claim.
+        return _error("unauthorized", 401, message=ENROLMENT_REFUSED)
+    return _ok({"node": {"id": node.pk, "name": node.name}, "token": token, **_limits()}, status=201)
 
 
-class LogText(serializers.CharField):
-    """Log text as the workload wrote it: NUL characters are allowed here (the service replaces them)."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.validators = [v for v in self.validators if not isinstance(v, ProhibitNullCharactersValidator)]
-
-
-class LogIn(serializers.Serializer[Any]):
-    attempt = serializers.IntegerField(min_value=1)
-    offset = serializers.IntegerField(min_value=0)
-    # The wire format names it "data", which shadows Serializer.data for the type checker only.
-    data = LogText(allow_blank=True, trim_whitespace=False, max_length=256 * 1024)  # type: ignore[assignment]
-
-
-class DrainIn(serializers.Serializer[Any]):
-    reason = serializers.CharField(max_length=1000)
-
-
-# --------------------------------------------------------------------------- views
-
-
-def _error(code: str, http_status: int, **extra: Any) -> Response:
-    return Response({"code": code, **extra}, status=http_status)
-
-
-STALE = {"code": "stale_attempt"}
+@csrf_exempt
+def heartbeat(request: HttpRequest) -> HttpResponse:
+    """As agent_endpoint, but the body is checked before the token, and the token's lookup is the
+    liveness update itself (services.node_heartbeat_by_token): the hottest path, one statement less."""
+    if request.method != "POST":
+        response = _error("method_not_allowed", 405, message="use POST")
+        response["Allow"] = "POST"
+        return response
+    raw = bearer(request)
+    if raw is None or not raw.startswith(NODE_PREFIX):
+        return _error("unauthorized", 401)
+    try:
+        data = protocol.validate(protocol.HEARTBEAT, json.loads(request.body or b"null"))
+    except ValueError:
+        return _error("invalid", 400, errors={"body": ["not valid JSON"]})
+    except protocol.Invalid as exc:
+        return _error("invalid", 400, errors=exc.errors)
+    for task in data["tasks"]:
+        if task["notebook"]:
+            # The server's token never reaches the database in the clear.
+            task["notebook"]["url"] = seal_url(task["notebook"]["url"])
+    result = services.node_heartbeat_by_token(token_hash=hash_token(raw), heartbeat=services.heartbeat_from(data))
+    if result is None:
+        return _error("unauthorized", 401)
+    return _ok({"desired": result.desired, "node_state": result.node_state, **_limits()})
 
 
-@extend_schema(exclude=True)
-class AgentView(APIView):
-    """Agent-token auth, JSON only, and the contract's error bodies for every failure."""
-
-    authentication_classes = [AgentTokenAuthentication]
-    permission_classes: list[type[BasePermission]] = [IsNode]
-    parser_classes = [JSONParser]
-    renderer_classes = [JSONRenderer]
-    throttle_classes: list[Any] = []
-    http_method_names = ["post", "options"]
-
-    def permission_denied(self, request: Request, message: str | None = None, code: str | None = None) -> NoReturn:
-        # The wrong kind of token for the endpoint is "unauthorized" too (docs/agent-api.md).
-        raise exceptions.NotAuthenticated()
-
-    def handle_exception(self, exc: Exception) -> Response:
-        if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed):
-            response = _error("unauthorized", status.HTTP_401_UNAUTHORIZED)
-            response["WWW-Authenticate"] = "Bearer"
-            return response
-        if isinstance(exc, exceptions.ValidationError):
-            detail = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
-            return _error("invalid", status.HTTP_400_BAD_REQUEST, errors=detail)
-        if isinstance(exc, exceptions.ParseError):
-            return _error("invalid", status.HTTP_400_BAD_REQUEST, errors={"body": [str(exc.detail)]})
-        if isinstance(exc, services.TaskNotFound):
-            return _error("not_found", status.HTTP_404_NOT_FOUND)
-        if isinstance(exc, services.StaleAttempt):
-            return Response(STALE, status=status.HTTP_409_CONFLICT)
-        return super().handle_exception(exc)
-
-    def parse(self, serializer_class: type[serializers.Serializer[Any]], request: Request) -> dict[str, Any]:
-        if not isinstance(request.data, dict):
-            raise exceptions.ParseError("the body must be a JSON object")
-        serializer = serializer_class(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        return dict(serializer.validated_data)
-
-    @property
-    def node(self) -> Node:
-        assert isinstance(self.request.auth, Node)
-        return self.request.auth
+@agent_endpoint(schema=protocol.STATUS)
+def task_status(request: HttpRequest, node: Node, data: dict[str, Any], task_id: int) -> HttpResponse:
+    report = services.StatusReport(**{**data, "notebook_url": seal_url(data["notebook_url"])})
+    services.task_report_status(node=node, task_id=task_id, report=report)
+    return _ok({})
 
 
-class RegisterView(AgentView):
-    permission_classes = [IsEnrolment]
+@agent_endpoint(schema=protocol.LOGS)
+def task_logs(request: HttpRequest, node: Node, data: dict[str, Any], task_id: int) -> HttpResponse:
+    stored = services.task_log_append(node=node, task_id=task_id, **data)
+    return _ok({"next_offset": stored})
 
-    def post(self, request: Request) -> Response:
-        data = self.parse(RegisterIn, request)
-        registration = services.Registration(
-            name=data["name"],
-            address=data["address"],
-            leaf=data["leaf"],
-            spine=data["spine"],
-            simulated=data["simulated"],
-            agent_version=data["agent_version"],
-            gpus=[services.GpuInfo(**gpu) for gpu in data["gpus"]],
-        )
-        assert isinstance(request.auth, EnrolmentToken)
-        try:
-            node, token = services.node_register(enrolment=request.auth, registration=registration)
-        except services.NodeExists:
-            return _error("node_exists", status.HTTP_409_CONFLICT)
-        except IntegrityError:
-            # The name raced with another registration, or a GPU uuid belongs to another node.
-            return _error("node_exists", status.HTTP_409_CONFLICT)
-        yard = settings.YARD
-        return Response(
-            {
-                "node": {"id": node.pk, "name": node.name},
-                "token": token,
-                "heartbeat_interval_s": yard["HEARTBEAT_INTERVAL_S"],
-                "stop_after_s": yard["AGENT_STOP_AFTER_S"],
+
+@agent_endpoint(schema=protocol.DRAIN)
+def drain(request: HttpRequest, node: Node, data: dict[str, Any]) -> HttpResponse:
+    return _ok({"node_state": enrolment_service.node_drain_requested(node=node, reason=data["reason"])})
+
+
+def schema(request: HttpRequest) -> JsonResponse:
+    """The agent API's OpenAPI document, generated from the same declarations the server validates with."""
+    return JsonResponse(agent_openapi())
+
+
+def agent_openapi() -> dict[str, Any]:
+    def op(summary: str, body: protocol.Obj, ok: int, *, path_id: bool = False, token: str = "node") -> dict[str, Any]:
+        responses: dict[str, Any] = {
+            str(ok): {"description": "accepted", "content": {JSON: {"schema": {"type": "object"}}}},
+            "400": {"description": "invalid body", "content": {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}}},
+            "401": {
+                "description": "wrong or missing token",
+                "content": {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}},
             },
-            status=status.HTTP_201_CREATED,
-        )
-
-
-class HeartbeatView(AgentView):
-    def post(self, request: Request) -> Response:
-        data = self.parse(HeartbeatIn, request)
-        heartbeat = services.Heartbeat(
-            gpus=[services.GpuSample(**gpu) for gpu in data["gpus"]],
-            tasks=[
-                services.TaskReport(
-                    task_id=t["task_id"],
-                    attempt=t["attempt"],
-                    state=t["state"],
-                    checkpoint_time=t["checkpoint_time"],
-                    notebook=services.NotebookReport(**t["notebook"]) if t["notebook"] else None,
-                )
-                for t in data["tasks"]
-            ],
-            draining_reason=data["draining_reason"] or None,
-        )
-        result = services.node_heartbeat(node=self.node, heartbeat=heartbeat)
-        return Response(
-            {
-                "desired": [services.task_spec(task) for task in result.live_tasks],
-                "heartbeat_interval_s": settings.YARD["HEARTBEAT_INTERVAL_S"],
-                "node_state": result.node_state,
+            "413": {"description": "body too large", "content": {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}}},
+            "503": {"description": "database unreachable", "content": {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}}},
+        }
+        if path_id:
+            responses["404"] = {
+                "description": "no such task on this node",
+                "content": {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}},
             }
-        )
+            responses["409"] = {
+                "description": "stale attempt",
+                "content": {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}},
+            }
+        if token == "enrolment":
+            responses["409"] = {
+                "description": "node exists",
+                "content": {JSON: {"schema": {"$ref": "#/components/schemas/Error"}}},
+            }
+        operation: dict[str, Any] = {
+            "summary": summary,
+            "security": [{"agentToken": []}],
+            "requestBody": {"required": True, "content": {JSON: {"schema": protocol.openapi(body)}}},
+            "responses": responses,
+        }
+        if path_id:
+            operation["parameters"] = [
+                {
+                    "name": "task_id",
+                    "in": "path",
+                    "required": True,
+                    "schema": {"type": "integer", "minimum": 1, "maximum": protocol.INT64_MAX},
+                }
+            ]
+        return {"post": operation}
 
-
-class TaskStatusView(AgentView):
-    def post(self, request: Request, task_id: int) -> Response:
-        data = self.parse(StatusIn, request)
-        services.task_report_status(node=self.node, task_id=task_id, report=services.StatusReport(**data))
-        return Response({})
-
-
-class TaskLogsView(AgentView):
-    def post(self, request: Request, task_id: int) -> Response:
-        data = self.parse(LogIn, request)
-        stored = services.task_log_append(node=self.node, task_id=task_id, **data)
-        return Response({"next_offset": stored})
-
-
-class DrainView(AgentView):
-    def post(self, request: Request) -> Response:
-        data = self.parse(DrainIn, request)
-        return Response({"node_state": services.node_drain(node=self.node, reason=data["reason"])})
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "Yardmaster agent API", "version": "1", "description": "What node agents speak (docs/agent-api.md)."},
+        "servers": [{"url": "/api/agent/v1"}],
+        "paths": {
+            "/register": op("Register a new node with an enrolment token", protocol.REGISTER, 201, token="enrolment"),
+            "/heartbeat": op("Liveness, telemetry and task reports; answers the desired task list", protocol.HEARTBEAT, 200),
+            "/tasks/{task_id}/status": op("A task started or ended", protocol.STATUS, 200, path_id=True),
+            "/tasks/{task_id}/logs": op("A chunk of a task's log", protocol.LOGS, 200, path_id=True),
+            "/drain": op("Ask for the node to be drained", protocol.DRAIN, 200),
+        },
+        "components": {
+            "securitySchemes": {"agentToken": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {
+                    "type": "object",
+                    "properties": {"code": {"type": "string"}, "errors": {"type": "object"}, "message": {"type": "string"}},
+                    "required": ["code"],
+                }
+            },
+        },
+    }

@@ -69,5 +69,7 @@ def api_exception_handler(exc: Exception, context: dict[str, Any]) -> Response |
     elif isinstance(exc, exceptions.APIException):
         codes = exc.get_codes()
         code = codes if isinstance(codes, str) else exc.default_code
-        response.data = _body(str(code), _flatten(exc.detail)[0] if exc.detail else str(exc))
+        # An exception may name the fields it is about (NeverRunnable: gpu_type), as a ValidationError does.
+        named: dict[str, list[str]] | None = getattr(exc, "fields", None)
+        response.data = _body(str(code), _flatten(exc.detail)[0] if exc.detail else str(exc), named)
     return response

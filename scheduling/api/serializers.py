@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.core.validators import ProhibitNullCharactersValidator
 from rest_framework import serializers
 
-from scheduling.models import Job, JobEvent, JobKind, Task, Tier
+from scheduling.models import LEAF_LOCALITY_CHOICES, Job, JobEvent, JobKind, Task, Tier
+from scheduling.selectors import can_manage_job
 from scheduling.services import MAX_GPUS_PER_REPLICA, MAX_REPLICAS, MAX_TIME_LIMIT_S
-from scheduling.states import JobState
+from scheduling.states import JobState, TaskState
 
 _NO_NUL = [ProhibitNullCharactersValidator()]
 
@@ -27,7 +29,16 @@ class JobSubmitIn(serializers.Serializer[Any]):
     replicas = serializers.IntegerField(min_value=1, max_value=MAX_REPLICAS, default=1)
     gpus_per_replica = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_REPLICA, default=1)
     gpu_type = serializers.CharField(max_length=32, default="H100", validators=_NO_NUL)
-    command = serializers.CharField(max_length=100_000, allow_blank=True, default="", trim_whitespace=False, validators=_NO_NUL)
+    command = serializers.CharField(
+        max_length=100_000,
+        trim_whitespace=False,
+        validators=_NO_NUL,
+        help_text="What each replica runs (a shell command line), e.g. torchrun --nproc-per-node 8 train.py",
+        error_messages={
+            "required": "A batch job needs a command: what each replica runs, e.g. torchrun --nproc-per-node 8 train.py",
+            "blank": "A batch job needs a command: what each replica runs, e.g. torchrun --nproc-per-node 8 train.py",
+        },
+    )
     env = serializers.DictField(
         child=serializers.CharField(max_length=10_000, allow_blank=True, trim_whitespace=False, validators=_NO_NUL),
         default=dict,
@@ -35,6 +46,30 @@ class JobSubmitIn(serializers.Serializer[Any]):
     time_limit_s = serializers.IntegerField(min_value=60, max_value=MAX_TIME_LIMIT_S, required=False, allow_null=True)
     checkpoint_dir = serializers.CharField(max_length=1024, allow_blank=True, default="", validators=_NO_NUL)
     priority = serializers.IntegerField(min_value=-1000, max_value=1000, default=0)
+    leaf_locality = serializers.ChoiceField(
+        choices=LEAF_LOCALITY_CHOICES,
+        default="auto",
+        help_text="A multi-node gang that one leaf switch could hold: wait for one leaf only while that costs "
+        "less than spanning (auto), always (required), or never when none has room now (preferred)",
+    )
+    one_fabric = serializers.BooleanField(
+        default=False,
+        help_text="Keep a multi-node gang inside one multi-node NVLink domain (an NVL72 rack), or wait (Slurm's --segment)",
+    )
+    cpus_per_replica = serializers.IntegerField(
+        min_value=1,
+        max_value=1024,
+        required=False,
+        allow_null=True,
+        help_text="CPU cores each replica is given on its node (left out: YARD_DEFAULT_CPUS_PER_GPU per GPU)",
+    )
+    memory_mb_per_replica = serializers.IntegerField(
+        min_value=1,
+        max_value=16 * 1024 * 1024,
+        required=False,
+        allow_null=True,
+        help_text="Memory (MiB) each replica is given on its node (left out: YARD_DEFAULT_MEMORY_MB_PER_GPU per GPU)",
+    )
 
 
 class NotebookSubmitIn(serializers.Serializer[Any]):
@@ -46,12 +81,34 @@ class NotebookSubmitIn(serializers.Serializer[Any]):
     time_limit_s = serializers.IntegerField(min_value=60, max_value=MAX_TIME_LIMIT_S, required=False, allow_null=True)
 
 
-class JobListFilterIn(serializers.Serializer[Any]):
+class QueryIn(serializers.Serializer[Any]):
+    """Query parameters: one given empty (``?since=``) is an error naming it, not the same as leaving it out.
+
+    DRF reads an empty query value as "not given" for most fields, which answers 200 to what the schema
+    calls invalid (a date-time, an integer): say what to change instead.
+    """
+
+    def to_internal_value(self, data: Any) -> Any:
+        if hasattr(data, "getlist"):
+            empty: dict[str, list[str]] = {
+                str(name): ["Give a value, or leave the parameter out"]
+                for name in self.fields
+                if name in data and not any(data.getlist(name))
+            }
+            if empty:
+                raise serializers.ValidationError(empty)
+        return super().to_internal_value(data)
+
+
+class JobListFilterIn(QueryIn):
     state = serializers.MultipleChoiceField(choices=JobState.choices, required=False, help_text="One or more, comma-separated")
     team = TeamRefField(max_length=100, required=False, validators=_NO_NUL, help_text="Team id or slug")
     user = serializers.CharField(max_length=150, required=False, validators=_NO_NUL, help_text="Username")
     tier = serializers.ChoiceField(choices=Tier.choices, required=False)
     since = serializers.DateTimeField(required=False, help_text="Submitted at or after (ISO 8601)")
+    # Read by the paginator (JobCursor); here so that an empty one is an error like any other parameter's.
+    cursor = serializers.CharField(max_length=1000, required=False)
+    page_size = serializers.IntegerField(min_value=1, max_value=200, required=False)
 
     def to_internal_value(self, data: Any) -> Any:
         # ?state=PENDING,RUNNING as well as ?state=PENDING&state=RUNNING
@@ -62,7 +119,7 @@ class JobListFilterIn(serializers.Serializer[Any]):
         return super().to_internal_value(data)
 
 
-class JobLogsIn(serializers.Serializer[Any]):
+class JobLogsIn(QueryIn):
     rank = serializers.IntegerField(min_value=0, max_value=MAX_REPLICAS, default=0)
     attempt = serializers.IntegerField(min_value=1, max_value=1_000_000, required=False)
     offset = serializers.IntegerField(min_value=0, max_value=2**62, required=False, help_text="Text from this byte on")
@@ -92,8 +149,8 @@ class JobOut(serializers.ModelSerializer[Any]):
         model = Job
         fields = [
             "id", "name", "kind", "state", "team", "user", "tier", "replicas", "gpus_per_replica", "gpus", "gpu_type",
-            "priority", "attempt", "submitted_at", "started_at", "ended_at", "pending_reason", "estimated_start",
-            "locality", "borrowed", "exit_code",
+            "priority", "leaf_locality", "one_fabric", "cpus_per_replica", "memory_mb_per_replica", "attempt", "submitted_at",
+            "started_at", "ended_at", "pending_reason", "estimated_start", "locality", "borrowed", "exit_code",
         ]  # fmt: skip
 
 
@@ -136,11 +193,23 @@ class JobDetailOut(JobOut):
         return TaskOut(tasks, many=True).data  # type: ignore[return-value]
 
     def get_notebook_url(self, job: Job) -> str | None:
-        """Only the notebook's owner gets its URL: it carries the server's token."""
+        """Where the viewer opens the notebook in a browser: the portal's notebook proxy (no token in it), for
+        those who may open it (owner, team lead, admin), while it runs and its server answers; else null."""
         viewer = self.context.get("viewer")
-        if job.kind != JobKind.NOTEBOOK or viewer is None or viewer.pk != job.user_id:
+        if job.kind != JobKind.NOTEBOOK or job.state != JobState.RUNNING or viewer is None:
             return None
-        return next((t.notebook_url for t in job.tasks.all() if t.attempt == job.attempt and t.notebook_url), None)
+        ready = any(
+            t.attempt == job.attempt and t.state == TaskState.RUNNING and t.notebook_url and t.notebook_kernel_busy is not None
+            for t in job.tasks.all()
+        )
+        if not ready or not can_manage_job(user=viewer, job=job):
+            return None
+        path = f"/notebooks/{job.pk}/lab/"
+        base = str(getattr(settings, "YARD_NOTEBOOK_URL", "") or "")
+        request = self.context.get("request")
+        if base:
+            return base.rstrip("/") + path
+        return request.build_absolute_uri(path) if request is not None else path
 
 
 class JobLogsOut(serializers.Serializer[Any]):
@@ -179,3 +248,69 @@ class MeOut(serializers.Serializer[Any]):
     auth = serializers.CharField(help_text="session, personal token or service token")
     teams = TeamRefOut(many=True, help_text="Teams you may submit to")
     roles = MembershipOut(many=True)
+
+
+# --------------------------------------------------------------------------- job files, rerun, my quota
+
+
+class JobFileIn(serializers.Serializer[Any]):
+    """POST /api/v1/jobs as JSON with a ``format``: a job file's text, translated on the server (docs/job-files.md)."""
+
+    format = serializers.ChoiceField(
+        choices=["yardmaster", "pytorchjob", "mpijob", "slurm", "auto"],
+        help_text="yardmaster (a Yardmaster job file), pytorchjob or mpijob (a kubeflow.org/v1 manifest), slurm (an sbatch "
+        "script), auto (a YAML/JSON file: by its apiVersion and kind)",
+    )
+    file = serializers.CharField(
+        max_length=1024 * 1024, trim_whitespace=False, validators=_NO_NUL, help_text="The file's text, as it is"
+    )
+    team = TeamRefField(max_length=100, required=False, validators=_NO_NUL, help_text="The team, where the file names none")
+    name = serializers.CharField(max_length=200, required=False, validators=_NO_NUL, help_text="The name, if the file has none")
+
+
+class JobSubmitOut(JobDetailOut):
+    """The job as submitted, with what the translation of a job file had to say."""
+
+    translated_from = serializers.SerializerMethodField(help_text="The job file's format, or null for the API's own JSON")
+    warnings = serializers.SerializerMethodField(help_text="What the job file asked for that Yardmaster ignores, and why")
+
+    class Meta(JobDetailOut.Meta):
+        fields = [*JobDetailOut.Meta.fields, "translated_from", "warnings"]
+
+    def get_translated_from(self, job: Job) -> str | None:
+        return self.context.get("translated_from")
+
+    def get_warnings(self, job: Job) -> list[str]:
+        return list(self.context.get("warnings", []))
+
+
+class MyQuotaIn(QueryIn):
+    team = TeamRefField(max_length=100, required=False, validators=_NO_NUL, help_text="One of your teams (id or slug)")
+
+
+class FairShareOut(serializers.Serializer[Any]):
+    rank = serializers.IntegerField(help_text="Place in fair-share order among all teams: 1 is served first")
+    teams = serializers.IntegerField(help_text="How many teams there are")
+    usage_gpu_hours = serializers.DictField(child=serializers.FloatField(), help_text="Recent use per GPU type, decayed")
+    usage_share = serializers.DictField(child=serializers.FloatField(), help_text="Part of all teams' recent use")
+    weight = serializers.FloatField()
+
+
+class MyTeamQuotaOut(serializers.Serializer[Any]):
+    team = TeamRefOut()
+    quotas = QuotaLineOut(many=True)
+    fair_share = FairShareOut(allow_null=True)
+
+
+class MyQuotaOut(serializers.Serializer[Any]):
+    teams = MyTeamQuotaOut(many=True)
+    half_life_days = serializers.FloatField(help_text="Half-life of the usage decay")
+
+
+class JobPreviewOut(serializers.Serializer[Any]):
+    ok = serializers.BooleanField(help_text="false: the job can never run here (verdict says why)")
+    fits_now = serializers.BooleanField(help_text="It would be placed at the next cycle")
+    verdict = serializers.CharField(help_text="Where it fits now, how long it would wait and why, or why it can never run")
+    job = serializers.DictField(help_text="The job's fields as they would be submitted (for a job file: its translation)")
+    translated_from = serializers.CharField(allow_null=True)
+    warnings = serializers.ListField(child=serializers.CharField())

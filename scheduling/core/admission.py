@@ -13,6 +13,7 @@ _LOCALITY_WORDS = {
     Locality.NVLINK: "NVLink domain intact",
     Locality.PCIE: "one PCIe switch",
     Locality.NODE: "one node, across NVLink domains",
+    Locality.FABRIC: "one multi-node NVLink fabric domain",
     Locality.LEAF: "one leaf switch",
     Locality.SPINE: "under one spine",
     Locality.CLUSTER: "across spines",
@@ -43,7 +44,15 @@ def _never(snapshot: Snapshot, job: PendingJob) -> str | None:
     if job.replicas <= 0 or job.gpus_per_replica <= 0:
         return "a job needs at least one replica of at least one GPU"
     ix = topo_index(snapshot.topology)
-    shape = reasons.never(ix, job.gpu_type, job.replicas, job.gpus_per_replica)
+    shape = reasons.never(
+        ix,
+        job.gpu_type,
+        job.replicas,
+        job.gpus_per_replica,
+        cpus=job.cpus_per_replica,
+        memory_mb=job.memory_mb_per_replica,
+        one_fabric=job.one_fabric,
+    )
     if shape is not None:
         return shape
     units = {u.name: u for u in snapshot.quotas}

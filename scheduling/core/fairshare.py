@@ -5,7 +5,10 @@ first, and the order recurses into each subtree, so a team in a light department
 before every team of a heavy one (Fair Tree). A unit's usage is the sum of its teams'
 usage (jobs belong to teams only, so usage given on inner units is ignored), and across
 GPU types the *dominant* share counts: usage of a type divided by the cluster's GPUs of
-that type, the largest such fraction (Dominant Resource Fairness).
+that type, the largest such fraction (Dominant Resource Fairness). CPU cores and memory count as two
+more resources (``CPU``, ``MEMORY``: core-seconds over the cluster's cores, MiB-seconds over its
+memory) where the nodes say theirs: a team that takes many cores for few GPUs pays for the cores. A job
+that asks at most its GPUs' share of a node's cores and memory (the defaults) never makes them dominant.
 """
 
 from __future__ import annotations
@@ -14,6 +17,11 @@ import math
 from collections.abc import Iterable, Mapping
 
 from scheduling.core.types import QuotaUnit
+
+# Usage and capacity keys beside the GPU types: CPU cores and memory (MiB).
+CPU = "cpu"
+MEMORY = "memory"
+RESOURCES = (CPU, MEMORY)
 
 
 def decay(usage: float, elapsed_s: float, half_life_s: float) -> float:

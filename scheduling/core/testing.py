@@ -24,6 +24,8 @@ def node(
     pcie_switches: int = 2,
     numa_nodes: int = 2,
     schedulable: bool = True,
+    cpus: int = 0,
+    memory_mb: int = 0,
 ) -> Node:
     """One node; GPUs are split evenly, in index order, over its NVLink domains, PCIe switches, NUMA nodes."""
 
@@ -46,6 +48,8 @@ def node(
             for i in range(gpus)
         ),
         schedulable=schedulable,
+        cpus=cpus,
+        memory_mb=memory_mb,
     )
 
 
@@ -60,6 +64,8 @@ def cluster(
     pcie_switches: int = 2,
     numa_nodes: int = 2,
     prefix: str = "",
+    cpus: int = 0,
+    memory_mb: int = 0,
 ) -> Topology:
     """A regular cluster: spines x leaves_per_spine x nodes_per_leaf nodes of one GPU type."""
     nodes: list[Node] = []
@@ -77,6 +83,8 @@ def cluster(
                         nvlink_domains=nvlink_domains,
                         pcie_switches=pcie_switches,
                         numa_nodes=numa_nodes,
+                        cpus=cpus,
+                        memory_mb=memory_mb,
                     )
                 )
     return Topology(nodes=tuple(nodes))
@@ -106,6 +114,8 @@ def running(
     time_limit: float = 3600.0,
     last_checkpoint: float | None = None,
     terminating: bool = False,
+    cpus: int = 0,
+    memory_mb: int = 0,
 ) -> RunningJob:
     return RunningJob(
         job_id=job_id,
@@ -117,6 +127,8 @@ def running(
         time_limit=time_limit,
         last_checkpoint=last_checkpoint,
         terminating=terminating,
+        cpus_per_replica=cpus,
+        memory_mb_per_replica=memory_mb,
     )
 
 
@@ -131,6 +143,8 @@ def pending(
     submit_time: float = 0.0,
     time_limit: float = 3600.0,
     priority: int = 0,
+    cpus: int = 0,
+    memory_mb: int = 0,
 ) -> PendingJob:
     return PendingJob(
         job_id=job_id,
@@ -142,6 +156,8 @@ def pending(
         submit_time=submit_time,
         time_limit=time_limit,
         priority=priority,
+        cpus_per_replica=cpus,
+        memory_mb_per_replica=memory_mb,
     )
 
 

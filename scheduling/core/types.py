@@ -14,7 +14,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import IntEnum
+from enum import IntEnum, StrEnum
+
+
+def id_order(job_id: str) -> tuple[int, int, str]:
+    """The order of job ids where nothing else decides: numbers as numbers ("9" before "10": the
+    portal's ids are database ids as text), then any other id in text order. So an id not assigned
+    yet ("new", the admission preview's) comes after every real one, where the job it stands for
+    will come once it is submitted: a preview and the next cycle break ties alike."""
+    if job_id.isascii() and job_id.isdigit():
+        return (0, int(job_id), "")
+    return (1, 0, job_id)
 
 
 class Tier(IntEnum):
@@ -25,15 +35,30 @@ class Tier(IntEnum):
     SPOT = 3
 
 
+class LeafLocality(StrEnum):
+    """How a multi-node gang that one leaf switch could hold is placed (``PendingJob.locality``).
+
+    Spanning leaves puts the gang's all-reduce on the spine for its whole run, which makes it slower
+    (``Config.span_slowdown``); waiting for a leaf costs the wait. ``auto`` weighs the two.
+    """
+
+    AUTO = "auto"  # wait for one leaf only while the expected wait is less than spanning would cost
+    REQUIRED = "required"  # one leaf or wait (Slurm's --switches=1, Kueue's podset-required-topology)
+    PREFERRED = "preferred"  # one leaf if one has room now, else span at once (Kueue's preferred topology)
+
+
 class Locality(IntEnum):
     """How tightly a gang was placed; lower is better. Ordered by topology level."""
 
     NVLINK = 0  # every GPU of the gang in one NVLink domain
     PCIE = 1  # one PCIe switch (no common NVLink domain)
     NODE = 2  # one node
-    LEAF = 3  # several nodes under one leaf switch
-    SPINE = 4  # several leaves under one spine
-    CLUSTER = 5  # several spines
+    # Several nodes of one multi-node NVLink domain (``Node.fabric``). Placed between NODE and LEAF, and the
+    # levels above renumbered: nothing persists the integers (the portal stores words, ``cycle.LOCALITY_WORDS``).
+    FABRIC = 3
+    LEAF = 4  # several nodes under one leaf switch
+    SPINE = 5  # several leaves under one spine
+    CLUSTER = 6  # several spines
 
 
 # --------------------------------------------------------------------------- topology
@@ -58,11 +83,18 @@ class Node:
     # Only READY nodes take new work. A NOT_READY/DRAINING/DOWN node keeps its
     # running tasks in the snapshot (they still hold GPUs) but gets no placement.
     schedulable: bool = True
+    # CPU cores and memory (MiB) that jobs may be given, the system reserve already taken off. 0: not
+    # known (an agent that does not say, a trace): that resource never limits a placement on the node.
+    cpus: int = 0
+    memory_mb: int = 0
+    # The multi-node NVLink domain the node is in (a GB200 NVL72 rack: 18 trays of 4 GPUs in one NVLink
+    # fabric), unique in the cluster; "": none. Every node of a fabric domain is under one leaf switch.
+    fabric: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Topology:
-    """cluster -> spine -> leaf -> node -> (NVLink domain / PCIe switch / NUMA) -> GPU."""
+    """cluster -> spine -> leaf -> [fabric domain] -> node -> (NVLink domain / PCIe switch / NUMA) -> GPU."""
 
     nodes: tuple[Node, ...]
 
@@ -87,6 +119,12 @@ class RunningJob:
     # Already told to stop (PREEMPTING or being cancelled): its GPUs free up
     # within the grace period; never chosen as a victim again.
     terminating: bool = False
+    # Started at risk on GPUs held for a reservation (``Placement.at_risk``): stopped, with the grace
+    # period, when that reservation comes due, however short a time it has run.
+    at_risk: bool = False
+    # What each replica holds beside its GPUs, on its node: CPU cores and memory (MiB).
+    cpus_per_replica: int = 0
+    memory_mb_per_replica: int = 0
 
     @property
     def gpu_count(self) -> int:
@@ -106,6 +144,14 @@ class PendingJob:
     submit_time: float
     time_limit: float  # seconds; used for reservations and backfill
     priority: int = 0  # higher first, within a team and tier
+    locality: LeafLocality = LeafLocality.AUTO  # a gang that one leaf could hold: wait for one?
+    # Each replica also needs this many CPU cores and MiB of memory free on its node (0: none asked;
+    # only nodes that report their cores and memory, ``Node.cpus``/``memory_mb``, are held to them).
+    cpus_per_replica: int = 0
+    memory_mb_per_replica: int = 0
+    # All its nodes in one multi-node NVLink domain (``Node.fabric``), or wait (Slurm's ``--segment``): for
+    # tensor parallelism across nodes. A gang placed on one node always satisfies it.
+    one_fabric: bool = False
 
     @property
     def gpu_count(self) -> int:
@@ -145,9 +191,29 @@ class Config:
     preemption: bool = True
     backfill: bool = True
     max_reservations: int = 1  # EASY backfill: one reservation
+    # Jobs that may preempt (reclaim) in one plan, each for as many victims as it needs. A state change
+    # (a quota edit, a rule change) can make hundreds eligible at once; like Slurm's queue depth and
+    # Kueue's one head per queue per cycle, the rest wait for the next cycle, a few seconds on, while
+    # the victims already chosen take their grace period anyway.
+    max_reclaims: int = 8
     # How long (since submit) a multi-node gang that fits in one leaf switch may wait for one
-    # before it may span leaves. inf: never span (like Slurm's --switches=1, Kueue's "required").
+    # before it may span leaves, whatever its locality says. inf: no bound.
     leaf_wait_s: float = math.inf
+    # How much longer a gang runs when it spans leaf switches (0.25: 25 % more wall time; the industry
+    # reports 25-40 % across spine hops). A gang of ``LeafLocality.AUTO`` waits for one leaf while the
+    # wait it expects is less than this x its time limit. inf: every such gang waits (as "required");
+    # 0: none does (as "preferred").
+    span_slowdown: float = 0.25
+    # Searches for an ``auto`` gang's expected start (one leaf, or leaves) in one plan. Each replays the
+    # running jobs' ends (milliseconds on a busy cluster of thousands of GPUs), and a plan state that
+    # changed between two gangs of one shape needs a fresh one; past the budget, like Slurm's
+    # bf_max_job_test, a gang that would need one waits for one leaf this cycle and weighs again at
+    # the next. Answers found earlier in the plan (the same shape, or a bound that decides) are free.
+    max_leaf_searches: int = 4
+    # EASY backfill at risk: a Tier 2/3 job that would outlive a reservation may still start on the
+    # GPUs it holds, and is preempted (with the grace period) when the reservation comes due. Off by
+    # default: the caller must keep ``RunningJob.at_risk`` from ``Placement.at_risk`` across cycles.
+    backfill_at_risk: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +237,9 @@ class Placement:
     leaves: int  # leaf switches spanned
     spines: int  # spines spanned
     borrowed: bool  # runs (partly) beyond its team's guarantee: reclaimable
+    # Uses GPUs held for a reservation that starts before it would end (``Config.backfill_at_risk``):
+    # the caller keeps it as ``RunningJob.at_risk`` while the job runs.
+    at_risk: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +253,7 @@ class Preemption:
 @dataclass(frozen=True, slots=True)
 class Reservation:
     job_id: str
-    domain: str  # the topology domain held for it ("leaf-3", "node-17", "cluster")
+    domain: str  # the topology domain held for it ("leaf-3", "node-17", a fabric domain, "cluster")
     earliest_start: float
     gpus: tuple[str, ...] = ()
 

@@ -40,7 +40,12 @@ from django.db.models.functions import Coalesce, Greatest, Least
 from scheduling.models import Allocation, GpuWindow, Job, JobEvent, Task
 from scheduling.states import JobState
 
-WINDOW_S = 60.0  # GpuWindow rows are one minute each
+
+def _window_s() -> float:
+    """Seconds of one GpuWindow row (a minute unless YARD_TELEMETRY_WINDOW_S says otherwise)."""
+    return float(settings.YARD["TELEMETRY_WINDOW_S"])  # type: ignore[arg-type]
+
+
 IDLE_TIMEOUT = "IDLE_TIMEOUT"
 _MONTH_RE = re.compile(r"^(\d{4})-(\d{2})$")
 
@@ -226,6 +231,7 @@ def job_usage(*, month: Month, now: datetime, team_ids: Iterable[int] | None = N
 
     result: dict[int, JobUsage] = {}
     covered: dict[tuple[int, int], datetime] = {}  # (job, gpu) -> counted up to
+    window_s = _window_s()
     for alloc in rows:
         job = jobs[alloc.job_id]
         usage = result.get(job.pk)
@@ -253,8 +259,8 @@ def job_usage(*, month: Month, now: datetime, team_ids: Iterable[int] | None = N
             figures.lost_s += max((hi - lost_from).total_seconds(), 0.0)
         if job.stop_reason == IDLE_TIMEOUT and alloc.attempt == job.attempt:
             figures.reaped_s += seconds
-        figures.util_pct_s += (alloc.util_sum or 0.0) * WINDOW_S
-        figures.measured_s += (alloc.windows or 0) * WINDOW_S
+        figures.util_pct_s += (alloc.util_sum or 0.0) * window_s
+        figures.measured_s += (alloc.windows or 0) * window_s
     return sorted(result.values(), key=lambda u: u.job_id)
 
 

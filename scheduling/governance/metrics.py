@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 from django.core.cache import cache
-from django.db.models import Count, Q
+from django.db.models import Count, Q, Sum
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -23,8 +23,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from scheduling.agent.liveness import CLOCK as LIVENESS_CLOCK
 from scheduling.cycle import CYCLE_SECONDS_CACHE_KEY
-from scheduling.models import Allocation, Gpu, Job, JobEvent, JobKind, Node, SchedulerLease, XidEvent
+from scheduling.models import Allocation, BlindSpell, Gpu, Job, JobEvent, JobKind, LivenessClock, Node, SchedulerLease, XidEvent
 from scheduling.states import JobState
 from tenants.models import OrgUnit, Quota, UnitKind
 
@@ -60,7 +61,7 @@ def _gpu_metrics() -> Iterator[Metric]:
     yield from (util, used, total, allocated, healthy)
     xids = CounterMetricFamily("yard_xid_errors", "XID errors reported by the node agents", labels=["node", "code"])
     for node, code, n in (
-        XidEvent.objects.values_list("gpu__node__name", "code").annotate(n=Count("id")).order_by("gpu__node__name", "code")
+        XidEvent.objects.values_list("gpu__node__name", "code").annotate(n=Sum("count")).order_by("gpu__node__name", "code")
     ):
         xids.add_metric([node, str(code)], n)
     yield xids
@@ -75,6 +76,25 @@ def _node_metrics() -> Iterator[Metric]:
     held = GaugeMetricFamily("yard_nodes_held", "Nodes held out of placement until an admin resumes them")
     held.add_metric([], Node.objects.exclude(hold_reason="").count())
     yield held
+    # The liveness check's own state (scheduling/agent/liveness.py): while the guard holds, no node
+    # under it is marked lost; blind seconds are time the portal could not observe.
+    clock = LivenessClock.objects.filter(name=LIVENESS_CLOCK).first()
+    guard = GaugeMetricFamily(
+        "yard_liveness_guard", "1 while the disruption guard holds (many nodes silent at once: none is marked lost)",
+        labels=["scope"],
+    )  # fmt: skip
+    guard.add_metric(["cluster"], 1.0 if clock and clock.guard_active and not clock.guarded_leaves else 0.0)
+    guard.add_metric(["leaves"], float(len(clock.guarded_leaves)) if clock and clock.guard_active else 0.0)
+    yield guard
+    blind = CounterMetricFamily(
+        "yard_liveness_blind_seconds", "Time the portal could not observe heartbeats (not counted as silence)"
+    )
+    blind.add_metric([], sum((b.end - b.start).total_seconds() for b in BlindSpell.objects.only("start", "end")))
+    yield blind
+    if clock is not None and clock.last_tick is not None:
+        last = GaugeMetricFamily("yard_liveness_last_check_timestamp_seconds", "When the liveness check last ran")
+        last.add_metric([], clock.last_tick.timestamp())
+        yield last
 
 
 def _job_metrics(now: datetime) -> Iterator[Metric]:

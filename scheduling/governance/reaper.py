@@ -34,6 +34,7 @@ from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from scheduling.models import Allocation, GpuWindow, IdlePolicy, Job, JobEvent, JobKind
 from scheduling.services import job_request_stop
@@ -41,7 +42,18 @@ from scheduling.states import JobState
 from tenants.models import AuditEntry, Membership, OrgUnit, Role
 from tenants.services import audit
 
-WINDOW = timedelta(minutes=1)
+
+def window() -> timedelta:
+    """The telemetry window (GpuWindow rows): a minute unless YARD_TELEMETRY_WINDOW_S says otherwise."""
+    return timedelta(seconds=float(cast(float, settings.YARD["TELEMETRY_WINDOW_S"])))
+
+
+def _floor(moment: datetime, size: timedelta) -> datetime:
+    """The start of the window ``moment`` falls in (windows are aligned to the epoch, as agents fold them)."""
+    step = size.total_seconds()
+    return datetime.fromtimestamp(math.floor(moment.timestamp() / step) * step, tz=moment.tzinfo)
+
+
 REAPER_LABEL = "idle-reaper"
 FLAG_ACTION = "job.idle_batch_flag"
 _DEFAULT = IdlePolicy()  # the model's field defaults: the one place they are written down
@@ -56,6 +68,12 @@ class EffectivePolicy:
     threshold_pct: float
     flag_idle_batch_after_s: float | None
     source: str  # "default" or "<unit> tier <n|any>", shown to people
+
+    @property
+    def lead_s(self) -> float:
+        """The warning's lead, capped to the timeout: a lead longer than the timeout warns at the first
+        idle minute (a warning cannot come before the notebook went idle)."""
+        return min(self.warn_lead_s, self.timeout_s)
 
     @classmethod
     def default(cls) -> EffectivePolicy:
@@ -113,7 +131,8 @@ def policy_for(*, team: OrgUnit, tier: int) -> EffectivePolicy:
 
 def last_complete_window(now: datetime) -> datetime:
     """Start of the newest one-minute window that has ended by ``now``."""
-    return now.replace(second=0, microsecond=0) - WINDOW
+    size = window()
+    return _floor(now, size) - size
 
 
 def idle_seconds(*, job: Job, now: datetime, threshold_pct: float, cap_s: float) -> float:
@@ -126,7 +145,8 @@ def idle_seconds(*, job: Job, now: datetime, threshold_pct: float, cap_s: float)
     gpu_ids = {gpu_id for gpu_id, _ in allocations}
     held_since = max(at for _, at in allocations)  # a minute counts only once every GPU of the gang is held
     newest = last_complete_window(now)
-    oldest = max(held_since, newest - WINDOW * (math.ceil(cap_s / WINDOW.total_seconds()) - 1))
+    size = window()
+    oldest = max(held_since, newest - size * (math.ceil(cap_s / size.total_seconds()) - 1))
     windows: dict[datetime, dict[int, GpuWindow]] = defaultdict(dict)
     for w in GpuWindow.objects.filter(gpu_id__in=gpu_ids, start__gte=oldest, start__lte=newest):
         windows[w.start][w.gpu_id] = w
@@ -138,8 +158,25 @@ def idle_seconds(*, job: Job, now: datetime, threshold_pct: float, cap_s: float)
         if not idle:
             break
         streak += 1
-        minute -= WINDOW
-    return streak * WINDOW.total_seconds()
+        minute -= size
+    return streak * size.total_seconds()
+
+
+def reap_at(*, job: Job, policy: EffectivePolicy, idle_s: float, now: datetime) -> datetime:
+    """The moment the reaper would stop the notebook if its GPUs stay idle from ``now`` on.
+
+    The idle streak grows by one window at each minute boundary (the newest counted window is the last
+    complete minute), so the timeout is reached at the boundary ``ceil((timeout - idle) / 1 min)`` minutes
+    after the current one, whatever the timeout and the warning lead; an extension moves it to the
+    extension's end if that is later. (The reaper's pass after that moment stops it; it runs every minute.)
+    """
+    size = window()
+    boundary = _floor(now, size)
+    minutes_left = max(math.ceil((policy.timeout_s - idle_s) / size.total_seconds()), 0)
+    moment = boundary + minutes_left * size  # minutes_left 0: due since this window began
+    if job.idle_extended_at is not None:
+        moment = max(moment, job.idle_extended_at + timedelta(seconds=policy.extend_s))
+    return moment
 
 
 def seconds_to_reap(*, job: Job, policy: EffectivePolicy, idle_s: float, now: datetime) -> float:
@@ -213,10 +250,10 @@ def _check_notebook(job: Job, policy: EffectivePolicy, now: datetime, report: Re
     if due_in <= 0:
         if _stop(job, idle_s=idle_s, now=now):
             report.reaped.append(job.pk)
-    elif idle_s > 0 and due_in <= policy.warn_lead_s:
+    elif idle_s > 0 and due_in <= policy.lead_s:
         if job.idle_warned_at is None and _warn(job, due_in_s=due_in, now=now):
             report.warned.append(job.pk)
-    elif job.idle_warned_at is not None and due_in > policy.warn_lead_s and _clear_warning(job, now=now):
+    elif job.idle_warned_at is not None and due_in > policy.lead_s and _clear_warning(job, now=now):
         report.cleared.append(job.pk)
 
 
@@ -268,7 +305,7 @@ class IdleWarning:
     extend_minutes: int
 
 
-def idle_warnings_for(user: User) -> list[IdleWarning]:
+def idle_warnings_for(user: User, *, now: datetime | None = None) -> list[IdleWarning]:
     """The user's running notebooks that the reaper has warned about (for the banner on their pages)."""
     if not user.is_authenticated:
         return []
@@ -281,12 +318,13 @@ def idle_warnings_for(user: User) -> list[IdleWarning]:
         return []
     book = PolicyBook()
     warnings = []
+    now = now or timezone.now()
     for job in jobs:
         policy = book.resolve(team=job.team, tier=job.tier)
-        assert job.idle_warned_at is not None  # filtered above
-        stop_at = job.idle_warned_at + timedelta(seconds=policy.warn_lead_s)
-        if job.idle_extended_at is not None:
-            stop_at = max(stop_at, job.idle_extended_at + timedelta(seconds=policy.extend_s))
+        # From the idle streak itself, not from the warning's time plus the lead: the warning may come
+        # later than the lead before the stop (a lead longer than the timeout, a reaper pass late).
+        idle_s = idle_seconds(job=job, now=now, threshold_pct=policy.threshold_pct, cap_s=policy.timeout_s)
+        stop_at = reap_at(job=job, policy=policy, idle_s=idle_s, now=now)
         can_extend = policy.allow_extend and job.idle_extended_at is None
         warnings.append(IdleWarning(job, stop_at, can_extend, round(policy.extend_s / 60)))
     return warnings

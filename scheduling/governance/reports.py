@@ -22,6 +22,7 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from scheduling.governance.accounting import JobUsage, Month, Usage, job_usage
+from scheduling.models import Allocation
 from tenants.models import OrgUnit, Quota, UnitKind
 
 UNIT_COLUMNS = [
@@ -169,6 +170,17 @@ def build_report(*, month: Month, tops: Sequence[OrgUnit], now: datetime) -> Rep
         for day, seconds in row.daily_s.items():
             team_daily[row.team_id][day] += seconds
 
+    # Borrowed, honestly: the GPU-hours a team held *beyond its guarantee* (a parent: the sum of its
+    # teams'), not the hours of every job that ran on borrowed quota (a 192-GPU gang 97 GPUs past the
+    # guarantee is 97 borrowed GPUs, though all 192 are reclaimable). The per-job CSV keeps the latter.
+    beyond = _beyond_guarantee(month=month, now=now, team_ids=team_ids, quotas=quotas)
+    for key in list(per_unit):
+        per_unit[key].borrowed_s = 0.0
+    for (team_id, gpu_type), seconds in beyond.items():
+        for unit_id in _path_ids(by_id[team_id]):
+            if unit_id in by_id:
+                per_unit[(unit_id, gpu_type)].borrowed_s += seconds
+
     nodes: dict[int, UnitNode] = {}
     top_ids = {t.pk for t in tops}
     result_tops: list[UnitNode] = []
@@ -183,6 +195,38 @@ def build_report(*, month: Month, tops: Sequence[OrgUnit], now: datetime) -> Rep
         (parent.children if parent else result_tops).append(node)
     team_paths = {tid: nodes[tid].path_label for tid in team_ids}
     return Report(month, now, gpu_types, result_tops, jobs, team_paths, {k: dict(v) for k, v in team_daily.items()})
+
+
+def _beyond_guarantee(
+    *, month: Month, now: datetime, team_ids: list[int], quotas: dict[tuple[int, str], int]
+) -> dict[tuple[int, str], float]:
+    """(team, GPU type) -> GPU-seconds held beyond the team's guarantee during the month (up to ``now``):
+    the integral of max(GPUs held - guaranteed, 0), swept over the allocations' starts and ends."""
+    start, end = month.start, min(month.end, now)
+    if end <= start or not team_ids:
+        return {}
+    rows = (
+        Allocation.objects.filter(job__team_id__in=team_ids, allocated_at__lt=end)
+        .filter(Q(released_at__isnull=True) | Q(released_at__gt=start))
+        .values_list("job__team_id", "job__gpu_type", "allocated_at", "released_at")
+    )
+    events: dict[tuple[int, str], list[tuple[datetime, int]]] = defaultdict(list)
+    for team_id, gpu_type, allocated, released in rows.iterator(chunk_size=5000):
+        lo, hi = max(allocated, start), min(released or now, end)
+        if hi > lo:
+            events[(team_id, gpu_type)] += [(lo, 1), (hi, -1)]
+    out: dict[tuple[int, str], float] = {}
+    for key, points in events.items():
+        guaranteed = quotas.get(key, 0)
+        points.sort(key=lambda p: (p[0], p[1]))  # an end before a start at the same moment
+        held, total, last = 0, 0.0, start
+        for moment, change in points:
+            if held > guaranteed:
+                total += (held - guaranteed) * (moment - last).total_seconds()
+            held, last = held + change, moment
+        if total:
+            out[key] = total
+    return out
 
 
 def _path_ids(unit: OrgUnit) -> list[int]:
@@ -272,15 +316,15 @@ def daily_usage_svg(report: Report) -> SafeString:
     """Stacked bars: GPU-hours per day of the month, one colour per team."""
     days = report.month.days()
     series = _series(report)
-    width, height, left, bottom, top = 720, 240, 48, 24, 12
+    width, height, left, bottom, top = 720, 260, 56, 28, 16
     totals = [sum(s.get(d, 0.0) for _, s in series) / 3600 for d in range(len(days))]
     peak = max([*totals, 1.0])
     slot = (width - left - 8) / len(days)
     scale = (height - bottom - top) / peak
     parts = [
-        f'<svg class="chart" role="img" viewBox="0 0 {width} {height + 22 * ((len(series) + 3) // 4)}" '
+        f'<svg class="chart" role="img" viewBox="0 0 {width} {height + 12 + 22 * ((len(series) + 3) // 4)}" '
         f'xmlns="http://www.w3.org/2000/svg"><title>GPU-hours per day by team, {report.month.label}</title>',
-        f'<text x="4" y="{top + 4}" font-size="10">{peak:.0f} h</text>',
+        f'<text x="4" y="{top + 4}" font-size="13">{peak:,.0f} h</text>',
         f'<line x1="{left}" y1="{height - bottom}" x2="{width - 8}" y2="{height - bottom}" stroke="#9ca3af"/>',
     ]
     for d in range(len(days)):
@@ -296,11 +340,11 @@ def daily_usage_svg(report: Report) -> SafeString:
                 f"{s.get(d, 0.0) / 3600:.1f} GPU-h</title></rect>"
             )
         if d % 5 == 0:
-            parts.append(f'<text x="{left + d * slot:.1f}" y="{height - 8}" font-size="10">{d + 1}</text>')
+            parts.append(f'<text x="{left + d * slot:.1f}" y="{height - 8}" font-size="13">{d + 1}</text>')
     for i, (name, _) in enumerate(series):
         x, y = 8 + (i % 4) * 176, height + 8 + 22 * (i // 4)
-        parts.append(f'<rect x="{x}" y="{y}" width="12" height="12" fill="{PALETTE[i % len(PALETTE)]}"/>')
-        parts.append(f'<text x="{x + 16}" y="{y + 10}" font-size="11">{escape(name)}</text>')
+        parts.append(f'<rect x="{x}" y="{y}" width="14" height="14" fill="{PALETTE[i % len(PALETTE)]}"/>')
+        parts.append(f'<text x="{x + 19}" y="{y + 12}" font-size="14">{escape(name)}</text>')
     parts.append("</svg>")
     return mark_safe("".join(parts))  # every interpolated name is escaped above
 
@@ -308,10 +352,11 @@ def daily_usage_svg(report: Report) -> SafeString:
 def used_vs_guaranteed_svg(report: Report) -> SafeString:
     """Per team: a bar of used GPU-hours against a tick at its guaranteed GPU-hours."""
     teams = [n for n in report.teams() if n.total.used_s > 0 or n.guaranteed_gpu_hours > 0]
-    row_h, label_w, width = 22, 150, 720
-    height = max(len(teams), 1) * row_h + 24
+    # Big enough to read at the card's width (the issue: "tiny text and bars too thin to see").
+    row_h, bar_h, label_w, width = 36, 24, 170, 720
+    height = max(len(teams), 1) * row_h + 30
     peak = max([1.0, *(max(n.total.used_gpu_hours, n.guaranteed_gpu_hours) for n in teams)])
-    scale = (width - label_w - 70) / peak
+    scale = (width - label_w - 150) / peak
     parts = [
         f'<svg class="chart" role="img" viewBox="0 0 {width} {height}" xmlns="http://www.w3.org/2000/svg">'
         f"<title>Used vs guaranteed GPU-hours per team, {report.month.label}</title>"
@@ -320,14 +365,14 @@ def used_vs_guaranteed_svg(report: Report) -> SafeString:
         y = 6 + i * row_h
         used, guaranteed = n.total.used_gpu_hours, n.guaranteed_gpu_hours
         colour = "#c0392b" if used > guaranteed else "#1f8a4c"
-        parts.append(f'<text x="0" y="{y + 13}" font-size="11">{escape(n.unit.name)}</text>')
-        parts.append(f'<rect x="{label_w}" y="{y}" width="{used * scale:.1f}" height="14" fill="{colour}"/>')
-        gx = label_w + guaranteed * scale
-        parts.append(f'<line x1="{gx:.1f}" y1="{y - 2}" x2="{gx:.1f}" y2="{y + 16}" stroke="#111827" stroke-width="2"/>')
+        parts.append(f'<text x="0" y="{y + 17}" font-size="14">{escape(n.unit.name)}</text>')
+        parts.append(f'<rect x="{label_w}" y="{y}" width="{width - label_w - 150}" height="{bar_h}" fill="#eef0f4"/>')
         parts.append(
-            f'<text x="{label_w + max(used, guaranteed) * scale + 6:.1f}" y="{y + 12}" font-size="10">'
-            f"{used:.0f} / {guaranteed:.0f} h</text>"
+            f'<rect x="{label_w}" y="{y}" width="{max(used * scale, 2 if used else 0):.1f}" height="{bar_h}" fill="{colour}"/>'
         )
-    parts.append(f'<text x="{label_w}" y="{height - 4}" font-size="10">bar: used · tick: guaranteed (GPU-hours)</text>')
+        gx = label_w + guaranteed * scale
+        parts.append(f'<line x1="{gx:.1f}" y1="{y - 3}" x2="{gx:.1f}" y2="{y + bar_h + 3}" stroke="#111827" stroke-width="3"/>')
+        parts.append(f'<text x="{width - 144}" y="{y + 17}" font-size="13">{used:,.0f} / {guaranteed:,.0f} h</text>')
+    parts.append(f'<text x="{label_w}" y="{height - 6}" font-size="13">bar: used · tick: guaranteed (GPU-hours)</text>')
     parts.append("</svg>")
     return mark_safe("".join(parts))  # every interpolated name is escaped above

@@ -11,4 +11,5 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("notebooks/<int:pk>/extend-idle", views.notebook_extend_idle_view, name="notebook-extend-idle"),
     path("metrics", views.metrics, name="metrics"),
     path("api/v1/reports/usage", views.UsageReportAPI.as_view(), name="api-reports-usage"),
+    path("api/v1/fairshare", views.FairShareAPI.as_view(), name="api-fairshare"),
 ]

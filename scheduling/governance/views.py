@@ -26,6 +26,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from scheduling.governance.accounting import Month, month_of, parse_month
+from scheduling.governance.fairshare import fairshare_explain, fairshare_teams
 from scheduling.governance.metrics import render_metrics
 from scheduling.governance.reaper import notebook_extend_idle
 from scheduling.governance.reports import (
@@ -84,11 +85,22 @@ def _scope(report: Report) -> str:
 # --------------------------------------------------------------------------- pages
 
 
+# In a month's first days the report page opens on the month before (saying so): a person opening it on
+# the 2nd wants last month's figures, not a day's. The CSVs and the API keep "this month" as their default.
+YOUNG_MONTH_DAYS = 3
+
+
 @login_required
 @require_GET
 def report_page(request: HttpRequest) -> HttpResponse:
+    params = request.GET.copy()
+    now_local = timezone.localtime(timezone.now())
+    opened_on_previous = False
+    if not params.get("month") and now_local.day <= YOUNG_MONTH_DAYS:
+        params["month"] = month_of(now_local).previous().label
+        opened_on_previous = True
     try:
-        report = _report_for(request.user, request.GET)
+        report = _report_for(request.user, params)
     except BadReportRequest as exc:
         return render(request, "governance/report.html", {"error": str(exc)}, status=400)
     visible = units_visible(user=request.user).order_by("path")
@@ -103,7 +115,8 @@ def report_page(request: HttpRequest) -> HttpResponse:
             "daily_svg": daily_usage_svg(report),
             "guarantee_svg": used_vs_guaranteed_svg(report),
             "is_admin": is_cluster_admin(request.user),
-            "query": request.GET.urlencode(),
+            "query": params.urlencode(),  # the CSV links name the month shown
+            "opened_on_previous": opened_on_previous,
             "time_zone": timezone.get_default_timezone_name(),
         },
     )
@@ -166,8 +179,14 @@ class UsageReportAPI(APIView):
     """GET /api/v1/reports/usage?month=YYYY-MM&unit=<id>: the report's rows, as JSON or CSV (?format=csv or Accept: text/csv)."""
 
     schema_parameters = [
-        OpenApiParameter("month", str, description="YYYY-MM in the cluster's time zone; default: this month"),
-        OpenApiParameter("unit", int, description="the subtree's top unit; default: every unit you may see"),
+        OpenApiParameter(
+            "month",
+            {"type": "string", "pattern": "^(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])$"},
+            description="YYYY-MM in the cluster's time zone; default: this month",
+        ),
+        OpenApiParameter(
+            "unit", {"type": "integer", "minimum": 1}, description="the subtree's top unit; default: every unit you may see"
+        ),
     ]
 
     authentication_classes = [ApiTokenAuthentication, SessionAuthentication]
@@ -194,6 +213,9 @@ class UsageReportAPI(APIView):
         },
     )
     def get(self, request: Request) -> Response:
+        empty = [name for name in ("month", "unit") if name in request.query_params and not request.query_params[name]]
+        if empty:  # the schema's types say "given"; leaving a parameter out is how to get the default
+            return Response({"detail": f"{empty[0]}: give a value, or leave the parameter out"}, status=400)
         try:
             report = _report_for(request.user, request.query_params)
         except BadReportRequest as exc:
@@ -215,6 +237,39 @@ class UsageReportAPI(APIView):
                 "rows": unit_rows(report),
             }
         )
+
+
+class FairShareAPI(APIView):
+    """GET /api/v1/fairshare?team=<id or slug>: where each of my teams (or the one named) stands in fair
+    share, level by level up the tree, and what would change it (the fair-share page's figures)."""
+
+    authentication_classes = [ApiTokenAuthentication, SessionAuthentication]
+    permission_classes = [IsAuthenticated]
+
+    @extend_schema(
+        operation_id="fairshare",
+        parameters=[OpenApiParameter("team", str, description="a team id or slug you may see; default: your teams")],
+        responses={
+            200: inline_serializer(
+                "FairShare",
+                fields={
+                    "half_life_days": drf_serializers.FloatField(),
+                    "capacity": drf_serializers.DictField(child=drf_serializers.IntegerField()),
+                    "teams": drf_serializers.ListField(child=drf_serializers.DictField()),
+                },
+            ),
+            404: OpenApiResponse(description="no such team, or not yours to see"),
+        },
+    )
+    def get(self, request: Request) -> Response:
+        team = str(request.query_params.get("team", "")).strip()
+        if "\x00" in team or len(team) > 100:
+            return Response({"detail": "team must be a team id or slug"}, status=status.HTTP_400_BAD_REQUEST)
+        try:
+            teams = fairshare_teams(user=request.user, team=team)
+        except Http404:
+            return Response({"detail": "No such team"}, status=status.HTTP_404_NOT_FOUND)
+        return Response(fairshare_explain(teams=teams, now=timezone.now()).as_dict())
 
 
 # --------------------------------------------------------------------------- metrics

@@ -18,11 +18,19 @@ They are deliberately what the named systems do, not strawmen and not improved:
   time limits free enough GPUs for it; later jobs backfill if they end before
   that time or use only GPUs the reservation does not need. Nodes only: no leaf
   or spine awareness.
+* ``easy_backfill_topo``: the same EASY backfill with Slurm's node selection under
+  ``select/cons_tres`` and ``topology/tree``: a gang goes to the lowest switch that
+  can hold it (one node, one leaf, one spine, the cluster) and, inside it, to leaf
+  switches by best fit: a leaf that holds what is left of the gang, the one with
+  the least room, else the leaf with the most room, again (``_eval_nodes_topo``);
+  nodes inside a leaf by best fit too. Like Slurm without ``--switches`` it never
+  waits for a leaf: it spans when no leaf has room now. Its reservation is found
+  with the same selection.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from scheduling.core.types import (
     PendingJob,
@@ -135,6 +143,65 @@ def _best_fit_nodes(counts: dict[str, int], idx: _Index, job: PendingJob, cap: d
         counts[n] -= u
         if cap is not None:
             cap[n] -= u
+    return chosen
+
+
+def _switch_fit_nodes(
+    counts: dict[str, int], idx: _Index, job: PendingJob, cap: dict[str, int] | None = None
+) -> list[str] | None:
+    """Node of each replica as Slurm's topology/tree picks them: the lowest switch that holds the gang,
+    leaves inside it by best fit, nodes inside each leaf by best fit (``_best_fit_nodes``' rule).
+
+    ``counts`` (and ``cap``) are decremented only when the whole gang fits.
+    """
+    if job.replicas == 1:
+        return _best_fit_nodes(counts, idx, job, cap)
+    per, want = job.gpus_per_replica, job.replicas
+    avail: dict[str, int] = {}
+    room: dict[str, int] = {}  # leaf -> replicas it holds now
+    nodes_of: dict[str, list[str]] = {}
+    for n in idx.names:
+        a = counts[n] if cap is None else min(counts[n], cap[n])
+        if a >= per and idx.type[n] == job.gpu_type:
+            avail[n] = a
+            leaf = idx.leaf[n]
+            room[leaf] = room.get(leaf, 0) + a // per
+            nodes_of.setdefault(leaf, []).append(n)
+    if sum(room.values()) < want:
+        return None
+    leaves = list(room)  # in node-name order, i.e. leaf order (cluster.py pads node names)
+    spine_of = {leaf: idx.spine[nodes_of[leaf][0]] for leaf in leaves}
+    # The lowest switch level with room for the whole gang: one leaf, else one spine, else the cluster;
+    # at each level the switch with the least room that still holds it (best fit).
+    fitting = [lf for lf in leaves if room[lf] >= want]
+    if fitting:
+        pool = [min(fitting, key=room.__getitem__)]
+    else:
+        spine_room: dict[str, int] = {}
+        for lf in leaves:
+            spine_room[spine_of[lf]] = spine_room.get(spine_of[lf], 0) + room[lf]
+        spines = [sp for sp, r in spine_room.items() if r >= want]
+        top = min(spines, key=lambda sp: (spine_room[sp], sp)) if spines else None
+        pool = [lf for lf in leaves if top is None or spine_of[lf] == top]
+    # Leaves in Slurm's order: one that holds what is left (the least room such), else the roomiest.
+    chosen: list[str] = []
+    left = want
+    while left > 0:
+        enough = [lf for lf in pool if room[lf] >= left]
+        leaf = min(enough, key=room.__getitem__) if enough else max(pool, key=room.__getitem__)  # ties: name order
+        pool.remove(leaf)
+        take = min(left, room[leaf])
+        # Nodes of the leaf by best fit: the fewest free GPUs first, several replicas on a node if it has room.
+        for n in sorted(nodes_of[leaf], key=lambda n: (avail[n], n)):
+            while avail[n] >= per and take > 0:
+                chosen.append(n)
+                avail[n] -= per
+                take -= 1
+                left -= 1
+    for n in chosen:
+        counts[n] -= per
+        if cap is not None:
+            cap[n] -= per
     return chosen
 
 
@@ -254,6 +321,9 @@ class KubeFirstFit:
 # --------------------------------------------------------------------------- EASY backfill
 
 
+FitNodes = Callable[..., list[str] | None]
+
+
 def _shadow(
     snapshot: Snapshot,
     idx: _Index,
@@ -261,6 +331,7 @@ def _shadow(
     head: PendingJob,
     started: list[tuple[float, list[str], int]],
     now: float,
+    fit_nodes: FitNodes = _best_fit_nodes,
 ) -> tuple[float, dict[str, int]]:
     """Earliest time the head fits by the running jobs' time limits, and per-node slack then.
 
@@ -287,7 +358,7 @@ def _shadow(
         if total < head.gpu_count:
             continue  # cannot fit yet whatever the layout: skip the node scan
         trial = dict(projected)
-        if _best_fit_nodes(trial, idx, head) is not None:
+        if fit_nodes(trial, idx, head) is not None:
             return t, trial
     return float("inf"), dict.fromkeys(counts, 0)
 
@@ -303,6 +374,14 @@ def _nodes_of(idx: _Index, replicas: tuple[tuple[str, ...], ...]) -> list[str]:
 
 
 def easy_backfill(snapshot: Snapshot, *, now: float) -> Plan:
+    return _easy(snapshot, now, _best_fit_nodes)
+
+
+def easy_backfill_topo(snapshot: Snapshot, *, now: float) -> Plan:
+    return _easy(snapshot, now, _switch_fit_nodes)
+
+
+def _easy(snapshot: Snapshot, now: float, fit_nodes: FitNodes) -> Plan:
     idx = _index(snapshot.topology)
     free = free_gpus(snapshot, idx)
     counts = {n: len(g) for n, g in free.items()}
@@ -322,13 +401,13 @@ def easy_backfill(snapshot: Snapshot, *, now: float) -> Plan:
         shape = (job.replicas, job.gpus_per_replica, job.gpu_type, short)
         nodes = None
         if job.gpu_count <= total_free and shape not in failed:
-            nodes = _best_fit_nodes(counts, idx, job, None if short else slack)
+            nodes = fit_nodes(counts, idx, job, None if short else slack)
             if nodes is None:
                 failed.add(shape)
         if nodes is None:
             if head is None:
                 head = job
-                shadow, slack = _shadow(snapshot, idx, counts, job, started, now)
+                shadow, slack = _shadow(snapshot, idx, counts, job, started, now, fit_nodes)
                 reservations.append(Reservation(job_id=job.job_id, domain="cluster", earliest_start=shadow))
             continue
         total_free -= job.gpu_count

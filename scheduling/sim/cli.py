@@ -1,8 +1,10 @@
-"""``python -m scheduling.sim``: replay a trace under several policies and cluster sizes.
+"""``python -m scheduling.sim``: replay a trace under several policies, cluster sizes and topology costs.
 
-Each (policy, size, time-limit mode) replay is independent and runs in its own
-process (``--jobs``); the tables are printed as markdown and, with ``--out``,
-written to ``results.md`` there beside the PNG plots.
+Each (workload, policy, size, time-limit mode, spanning slowdown) replay is independent and runs in
+its own process (``--jobs``); the tables are printed as markdown and, with ``--out``, written to
+``results.md`` there beside the PNG plots. The workloads are the trace (``--trace``, default the
+Philly month, at each of ``--nodes``) and the seeded gang-heavy workload drawn from it
+(``workload.py``, at ``--gang-heavy-nodes``; 0 leaves it out).
 """
 
 from __future__ import annotations
@@ -12,19 +14,31 @@ import multiprocessing
 import shlex
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from scheduling.core.types import Config
 from scheduling.sim.cluster import ClusterShape, read_team_weights
 from scheduling.sim.engine import Replay, ReplayConfig
-from scheduling.sim.metrics import Summary, compact_table, extra_lines, gang_table, headline_table, summarise, team_table
-from scheduling.sim.policies import LIMIT_BLIND, NAMES, make_policy
+from scheduling.sim.metrics import (
+    Summary,
+    compact_table,
+    extra_lines,
+    gang_table,
+    headline_table,
+    slowdown_label,
+    summarise,
+    targets_table,
+    team_table,
+)
+from scheduling.sim.policies import KNOWN, LIMIT_BLIND, NAMES, make_policy
 from scheduling.sim.trace import TraceJob, load_trace, time_limits
+from scheduling.sim.workload import GangHeavy, gang_heavy
 
 DATA = Path(__file__).parent / "data"
 DEFAULT_TRACE = DATA / "philly_sep2017.csv"
 DEFAULT_QUOTAS = DATA / "philly_quotas.csv"
+GANG_HEAVY = "gang-heavy"
 
 
 def _parse_types(text: str) -> tuple[tuple[str, int], ...]:
@@ -38,82 +52,156 @@ def _parse_types(text: str) -> tuple[tuple[str, int], ...]:
     return tuple(out)
 
 
+def _slowdowns(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give factors as a comma list, e.g. 0,0.1,0.25") from None
+    if not values or any(not 0 <= v < 10 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: each factor between 0 and 10 (0.25 = 25 % slower)")
+    return values
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m scheduling.sim", description=__doc__)
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="trace CSV (default: bundled Philly month)")
-    p.add_argument("--limit", type=int, default=None, help="replay only the first N jobs")
-    p.add_argument("--nodes", type=int, nargs="+", default=[256], help="cluster sizes in nodes")
+    p.add_argument("--limit", type=int, default=None, help="replay only the first N jobs of each workload")
+    p.add_argument("--nodes", type=int, nargs="+", default=[256], help="cluster sizes in nodes for the trace")
+    p.add_argument(
+        "--gang-heavy-nodes", type=int, default=GangHeavy().nodes, help="nodes for the gang-heavy workload; 0: skip it"
+    )
+    p.add_argument("--gang-heavy-seed", type=int, default=GangHeavy().seed)
     p.add_argument("--gpus-per-node", type=int, default=8)
-    p.add_argument("--nodes-per-leaf", type=int, default=32)
+    p.add_argument("--nodes-per-leaf", type=int, default=32, help="for the trace (the gang-heavy cluster has its own)")
     p.add_argument("--leaves-per-spine", type=int, default=4)
     p.add_argument("--gpu-types", default="P40", help='"P40", or node counts per type: "P40=160,P100=96"')
     p.add_argument("--quotas", type=Path, default=DEFAULT_QUOTAS, help="team,size CSV; scaled to the cluster")
-    p.add_argument("--policies", default=",".join(NAMES), help=f"comma list of {', '.join(NAMES)}")
+    p.add_argument("--policies", default=",".join(NAMES), help=f"comma list of {', '.join(KNOWN)}")
     p.add_argument("--time-limits", choices=("oracle", "estimate", "both"), default="both")
+    p.add_argument(
+        "--slowdowns",
+        type=_slowdowns,
+        default=[0.0, 0.1, 0.25],
+        help="what spanning leaves costs, comma list of factors (0.25: a spanning gang runs 25 %% longer); each is a replay",
+    )
+    p.add_argument(
+        "--believed-slowdown",
+        type=float,
+        default=None,
+        help="Yardmaster's Config.span_slowdown (default: the replay's own factor, as a deployment that measured it)",
+    )
     p.add_argument("--cycle-s", type=float, default=60.0, help="scheduling cycle interval (simulated s)")
     p.add_argument("--wake-s", type=float, default=600.0, help="cycle at least this often while jobs wait")
     p.add_argument("--checkpoint-s", type=float, default=3600.0, help="checkpoint interval; 0: never")
-    p.add_argument("--busy-from", type=float, default=20 * 86400.0, help="metrics window start (trace s)")
+    p.add_argument("--busy-from", type=float, default=20 * 86400.0, help="metrics window start for the trace (s)")
     p.add_argument("--grace-s", type=float, default=Config().grace_period_s)
+    p.add_argument("--no-at-risk", action="store_true", help="Yardmaster without backfill at risk")
     p.add_argument("--jobs", type=int, default=2, help="replays run in parallel")
     p.add_argument("--out", type=Path, default=None, help="write results.md and PNG plots here")
     return p
 
 
-_trace_cache: dict[tuple[str, int | None], list[TraceJob]] = {}
+@dataclass(frozen=True, slots=True)
+class Task:
+    workload: str
+    policy: str
+    nodes: int
+    mode: str  # oracle | estimate | "-" (limit-blind policy)
+    slowdown: float
+    args: argparse.Namespace
 
 
-def _replay(task: tuple[str, int, str, argparse.Namespace]) -> Summary:
-    policy, nodes, mode, args = task
-    key = (str(args.trace), args.limit)
+_trace_cache: dict[tuple[str, str, int | None, int], list[TraceJob]] = {}
+
+
+def _jobs(workload: str, args: argparse.Namespace) -> list[TraceJob]:
+    key = (workload, str(args.trace), args.limit, args.gang_heavy_seed)
     if key not in _trace_cache:
-        _trace_cache[key] = load_trace(args.trace, limit=args.limit)
-    jobs = _trace_cache[key]
+        if workload == GANG_HEAVY:
+            jobs = gang_heavy(GangHeavy(seed=args.gang_heavy_seed, nodes=args.gang_heavy_nodes))
+            _trace_cache[key] = jobs[: args.limit] if args.limit is not None else jobs
+        else:
+            _trace_cache[key] = load_trace(args.trace, limit=args.limit)
+    return _trace_cache[key]
+
+
+def _shape(task: Task) -> ClusterShape:
+    args = task.args
+    if task.workload == GANG_HEAVY:
+        g = GangHeavy()
+        return ClusterShape(nodes=task.nodes, gpus_per_node=g.gpus_per_node, nodes_per_leaf=g.nodes_per_leaf, leaves_per_spine=4)
     types = _parse_types(args.gpu_types)
-    shape = ClusterShape(
-        nodes=nodes,
+    return ClusterShape(
+        nodes=task.nodes,
         gpus_per_node=args.gpus_per_node,
         nodes_per_leaf=args.nodes_per_leaf,
         leaves_per_spine=args.leaves_per_spine,
-        gpu_types=types or ((args.gpu_types, nodes),),
+        gpu_types=types or ((args.gpu_types, task.nodes),),
     )
-    cfg = ReplayConfig(
+
+
+def replay_config(task: Task) -> ReplayConfig:
+    args = task.args
+    believed = task.slowdown if args.believed_slowdown is None else args.believed_slowdown
+    return ReplayConfig(
         cycle_s=args.cycle_s,
         wake_s=args.wake_s,
         checkpoint_s=args.checkpoint_s,
-        busy_from=args.busy_from,
-        core=replace(Config(), grace_period_s=args.grace_s),
+        # The gang-heavy workload starts at 0 with no history to skip: its window is the whole trace.
+        busy_from=0.0 if task.workload == GANG_HEAVY else args.busy_from,
+        span_slowdown=task.slowdown,
+        # The replay keeps Placement.at_risk across cycles (as RunningJob.at_risk), so it can lend at risk.
+        core=replace(Config(), grace_period_s=args.grace_s, span_slowdown=believed, backfill_at_risk=not args.no_at_risk),
     )
+
+
+def _replay(task: Task) -> Summary:
+    jobs = _jobs(task.workload, task.args)
     result = Replay(
         jobs,
-        make_policy(policy),
-        shape=shape,
-        limits=time_limits(jobs, "oracle" if mode == "-" else mode),
-        team_weights=read_team_weights(args.quotas),
-        config=cfg,
-        name=policy,
+        make_policy(task.policy),
+        shape=_shape(task),
+        limits=time_limits(jobs, "oracle" if task.mode == "-" else task.mode),
+        team_weights=read_team_weights(task.args.quotas),
+        config=replay_config(task),
+        name=task.policy,
     ).run()
-    summary = summarise(result, time_limits=mode)
-    print(f"  done: {policy} {mode} {nodes} nodes in {summary.wall_s:.1f} s", file=sys.stderr, flush=True)
+    summary = summarise(result, time_limits=task.mode, workload=task.workload, slowdown=task.slowdown)
+    print(
+        f"  done: {task.workload} {task.policy} {task.mode} {task.nodes} nodes, slowdown {slowdown_label(task.slowdown)} "
+        f"in {summary.wall_s:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     return summary
 
 
-def tasks(args: argparse.Namespace) -> list[tuple[str, int, str, argparse.Namespace]]:
+def tasks(args: argparse.Namespace) -> list[Task]:
     modes = ["oracle", "estimate"] if args.time_limits == "both" else [args.time_limits]
+    sizes = [("philly", n) for n in args.nodes]
+    if args.gang_heavy_nodes > 0:
+        sizes.append((GANG_HEAVY, args.gang_heavy_nodes))
     out = []
-    for nodes in args.nodes:
-        for policy in args.policies.split(","):
-            for mode in ["-"] if policy in LIMIT_BLIND else modes:
-                out.append((policy, nodes, mode, args))
-    # Longest first so that the two workers finish together.
-    return sorted(out, key=lambda t: (t[0] != "yardmaster", -t[1]))
+    for workload, nodes in sizes:
+        for slowdown in args.slowdowns:
+            for policy in args.policies.split(","):
+                for mode in ["-"] if policy in LIMIT_BLIND else modes:
+                    out.append(Task(workload, policy, nodes, mode, slowdown, args))
+    # Longest first so that the workers finish together: Yardmaster's replays, the oversubscribed sizes.
+    return sorted(out, key=lambda t: (not t.policy.startswith("yardmaster"), t.workload == GANG_HEAVY, t.nodes))
 
 
 def report(rows: list[Summary], command: str, wall_s: float) -> str:
-    parts = [f"Command: `{command}`\n\nWall time of the whole run: {wall_s:.0f} s.\n\n{compact_table(rows)}"]
-    for nodes in sorted({s.nodes for s in rows}, reverse=True):
-        group = [s for s in rows if s.nodes == nodes]
-        parts.append(f"\n## {nodes} nodes\n\n{headline_table(group)}")
+    parts = [
+        f"Command: `{command}`\n\nWall time of the whole run: {wall_s:.0f} s.\n\n"
+        "Yardmaster against the best baseline on each metric (in brackets: how far ahead, + is better; "
+        f"the baseline named is the best on that metric):\n\n{targets_table(rows)}\n"
+        f"Every replay:\n\n{compact_table(rows)}"
+    ]
+    groups = sorted({(s.workload, s.nodes, s.slowdown) for s in rows}, key=lambda g: (g[0] != "philly", -g[1], g[2]))
+    for workload, nodes, slowdown in groups:
+        group = [s for s in rows if (s.workload, s.nodes, s.slowdown) == (workload, nodes, slowdown)]
+        parts.append(f"\n## {workload}, {nodes} nodes, spanning slowdown {slowdown_label(slowdown)}\n\n{headline_table(group)}")
         parts.append(f"\nQueueing delay by gang size:\n\n{gang_table(group)}")
         parts.append(
             "\nPer team, while it had demand: GPU-h used / (guarantee x hours with demand), "
@@ -126,8 +214,8 @@ def report(rows: list[Summary], command: str, wall_s: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     for name in args.policies.split(","):
-        if name not in NAMES:
-            parser().error(f"unknown policy {name!r}")
+        if name not in KNOWN:
+            parser().error(f"unknown policy {name!r}; choose from {', '.join(KNOWN)}")
     work = tasks(args)
     t0 = time.perf_counter()
     if args.jobs > 1 and len(work) > 1:
@@ -136,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         rows = [_replay(t) for t in work]
     wall = time.perf_counter() - t0
-    order = {name: i for i, name in enumerate(NAMES)}
-    rows.sort(key=lambda s: (-s.nodes, order[s.policy], s.time_limits))
+    order = {name: i for i, name in enumerate(KNOWN)}
+    rows.sort(key=lambda s: (s.workload != "philly", -s.nodes, s.slowdown, order[s.policy], s.time_limits))
     command = "python -m scheduling.sim " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     text = report(rows, command, wall)
     print(text)

@@ -57,6 +57,11 @@ class ReplayConfig:
     wake_s: float = 600.0
     checkpoint_s: float = 3600.0  # 0: jobs never checkpoint
     busy_from: float = 20 * 86400.0  # metrics window start (trace README: steady state)
+    # What topology costs: a gang that spans leaf switches, or one that would fit one node but is split
+    # over nodes, runs this much longer (0.25: 25 % more wall time for the same work) for as long as it
+    # keeps that placement. Every policy pays it alike; it is the replay's truth, not a policy's belief
+    # (the core's own estimate of it is ``core.span_slowdown``).
+    span_slowdown: float = 0.0
     core: Config = field(default_factory=Config)
 
 
@@ -75,6 +80,10 @@ class JobState:
     attempt: int = 0
     preempted: int = 0
     lost_gpu_s: float = 0.0
+    slow_gpu_s: float = 0.0  # GPU-seconds of useful work's extra run time on slowed placements
+    stretch: float = 1.0  # wall seconds per second of work on the current placement (1 + slowdown)
+    slowed: int = 0  # attempts that ran on a slowed placement
+    at_risk: int = 0  # attempts started at risk on reserved GPUs
     alloc: tuple[tuple[str, ...], ...] = ()
 
     @property
@@ -90,6 +99,7 @@ class PlacementRecord:
     nodes: int
     leaves: int
     locality: Locality
+    slowed: bool = False
 
 
 @dataclass(slots=True)
@@ -267,17 +277,22 @@ class Replay:
 
     def _end(self, s: JobState) -> None:
         self._free(s)
+        s.slow_gpu_s += s.remaining * (s.stretch - 1.0) * s.gpus
         s.remaining = 0.0
         s.finish = self.now
         self.team_demand[s.trace.team] -= s.gpus
 
     def _release(self, s: JobState) -> None:
-        """A preempted job's grace period is over: it loses the work since its last checkpoint."""
+        """A preempted job's grace period is over: it loses the work since its last checkpoint.
+
+        Checkpoints are taken every ``checkpoint_s`` of run time (wall time), so on a slowed placement
+        a checkpoint saves less work: ``stretch`` wall seconds per second of work."""
         ran = self.now - s.run_start
         c = self.cfg.checkpoint_s
-        saved = math.floor(ran / c) * c if c > 0 else 0.0
-        saved = min(saved, s.remaining)
-        s.lost_gpu_s += (ran - saved) * s.gpus
+        kept = math.floor(ran / c) * c if c > 0 else 0.0  # wall seconds up to the last checkpoint
+        saved = min(kept / s.stretch, s.remaining)  # the work they did
+        s.lost_gpu_s += (ran - saved * s.stretch) * s.gpus
+        s.slow_gpu_s += saved * (s.stretch - 1.0) * s.gpus
         s.remaining -= saved
         s.limit = max(s.limit - saved, s.remaining)
         s.preempted += 1
@@ -285,7 +300,7 @@ class Replay:
         s.pending_since = self.now
         self.pending[s.trace.job_id] = self._pending_job(s)
 
-    def _start(self, s: JobState, replicas: tuple[tuple[str, ...], ...]) -> None:
+    def _start(self, s: JobState, replicas: tuple[tuple[str, ...], ...], *, at_risk: bool = False) -> None:
         job_id = s.trace.job_id
         for replica in replicas:
             for gpu in replica:
@@ -308,13 +323,22 @@ class Replay:
             start=self.now,
             time_limit=max(s.limit, s.remaining, 1.0),
             submit_time=s.trace.submit_time,
+            # Kept for the attempt, as the portal keeps it: the policy preempts it when its reservation is due.
+            at_risk=at_risk,
         )
-        self._push(self.now + s.remaining, _END, job_id, s.attempt)
-        if self.cfg.checkpoint_s > 0:
-            heappush(self._ckpt_heap, (self.now + self.cfg.checkpoint_s, job_id, s.attempt))
+        s.at_risk += at_risk
         nodes = [self.gpu_node[r[0]] for r in replicas]
         locality, leaves, _ = span(nodes, self.node_leaf, self.node_spine)
-        self.placements.append(PlacementRecord(job_id, self.now, s.gpus, len(set(nodes)), leaves, locality))
+        distinct = len(set(nodes))
+        # Traffic that crosses the spine (a gang over leaves) or the network at all (a gang that one
+        # node could hold, split over nodes) makes every step slower, for the whole attempt.
+        slowed = self.cfg.span_slowdown > 0 and (leaves > 1 or (distinct > 1 and s.gpus <= self.shape.gpus_per_node))
+        s.stretch = 1.0 + self.cfg.span_slowdown if slowed else 1.0
+        s.slowed += slowed
+        self._push(self.now + s.remaining * s.stretch, _END, job_id, s.attempt)
+        if self.cfg.checkpoint_s > 0:
+            heappush(self._ckpt_heap, (self.now + self.cfg.checkpoint_s, job_id, s.attempt))
+        self.placements.append(PlacementRecord(job_id, self.now, s.gpus, distinct, leaves, locality, slowed))
 
     # ------------------------------------------------------------------ cycle
 
@@ -377,7 +401,7 @@ class Replay:
     def _apply(self, plan: Plan) -> None:
         for p in plan.placements:
             s = self._check_placement(p.job_id, p.replicas)
-            self._start(s, p.replicas)
+            self._start(s, p.replicas, at_risk=p.at_risk)
         for pre in plan.preemptions:
             r = self.running.get(pre.job_id)
             if r is None or r.terminating:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from scheduling.sim.engine import ReplayResult
@@ -58,6 +59,12 @@ class Summary:
     cycles: int
     unfinished: int
     extra: dict[str, float] = field(default_factory=dict)
+    workload: str = "philly"
+    slowdown: float = 0.0  # the replay's cost of spanning leaves (ReplayConfig.span_slowdown)
+    slowed: float = math.nan  # share of multi-node placements in the window that ran slowed
+    slow_gpu_h: float = 0.0  # GPU-hours of useful work's extra run time on slowed placements
+    at_risk_starts: int = 0  # starts at risk on reserved GPUs (whole replay)
+    window_start: float = 0.0
     window_end: float = 0.0
     # for the plots: hour index -> utilisation, and every job's queueing delay (s)
     util_series: dict[int, float] = field(default_factory=dict)
@@ -79,7 +86,7 @@ def delays(values: list[float]) -> Delays:
     return Delays(len(v), statistics.fmean(v), statistics.median(v), percentile(v, 95))
 
 
-def summarise(r: ReplayResult, *, time_limits: str) -> Summary:
+def summarise(r: ReplayResult, *, time_limits: str, workload: str = "philly", slowdown: float = 0.0) -> Summary:
     lo, hi = r.window
     done = [s for s in r.jobs if s.trace.submit_time >= lo and s.finish is not None]
     jct = [s.finish - s.trace.submit_time for s in done if s.finish is not None]
@@ -126,6 +133,12 @@ def summarise(r: ReplayResult, *, time_limits: str) -> Summary:
         cycles=r.cycles,
         unfinished=len(r.unfinished),
         extra=r.extra,
+        workload=workload,
+        slowdown=slowdown,
+        slowed=sum(p.slowed for p in multi) / len(multi) if multi else math.nan,
+        slow_gpu_h=sum(s.slow_gpu_s for s in r.jobs) / 3600,
+        at_risk_starts=sum(s.at_risk for s in r.jobs),
+        window_start=lo,
         window_end=hi,
         util_series={h: v / (capacity * 3600) for h, v in r.util_bins.items()},
         queue_delays=queued,
@@ -166,17 +179,81 @@ def headline_table(rows: list[Summary]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def slowdown_label(x: float) -> str:
+    return f"{100 * x:.0f} %"
+
+
 def compact_table(rows: list[Summary]) -> str:
-    """Every size and policy in one table: the numbers the README quotes."""
+    """Every workload, size, slowdown and policy in one table."""
     out = (
-        "| nodes | policy | avg JCT (s) | p95 queue (s) | GPU util | multi-node gangs in one leaf "
-        "| min team guarantee honoured | preemptions |\n|---:|---|---:|---:|---:|---:|---:|---:|\n"
+        "| workload | nodes | spanning slowdown | policy | avg JCT (s) | p95 queue (s) | p95 queue 2-8 GPUs (s) | GPU util "
+        "| multi-node gangs in one leaf | min team guarantee honoured | preemptions | GPU-h lost |\n"
+        "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
     )
     for s in rows:
         out += (
-            f"| {s.nodes} | {label(s)} | {_s(s.jct_mean)} | {_s(s.queue.p95)} | {_pct(s.utilisation)} "
-            f"| {_pct(s.multinode_one_leaf)} | {_pct(s.min_honoured)} | {s.preemptions:,} |\n"
+            f"| {s.workload} | {s.nodes} | {slowdown_label(s.slowdown)} | {label(s)} | {_s(s.jct_mean)} | {_s(s.queue.p95)} "
+            f"| {_s(s.queue_by_gang['2-8'].p95)} | {_pct(s.utilisation)} "
+            f"| {_pct(s.multinode_one_leaf)} | {_pct(s.min_honoured)} | {s.preemptions:,} | {s.lost_gpu_h:,.0f} |\n"
         )
+    return out
+
+
+# (name, how to read it off a Summary, higher is better)
+TARGETS: tuple[tuple[str, Callable[[Summary], float], bool], ...] = (
+    ("avg JCT (s)", lambda s: s.jct_mean, False),
+    ("p95 queue (s)", lambda s: s.queue.p95, False),
+    ("p95 queue 2-8 GPUs (s)", lambda s: s.queue_by_gang["2-8"].p95, False),
+    ("GPU util", lambda s: s.utilisation, True),
+    ("gangs in one leaf", lambda s: s.multinode_one_leaf, True),
+    ("min guarantee", lambda s: s.min_honoured, True),
+)
+
+
+def _versus(ym: float, best: float, higher: bool, name: str) -> str:
+    """Yardmaster against the best baseline on one metric: the value and the gap, signed so that + is better."""
+    if math.isnan(ym):
+        return "–"
+    if name in ("GPU util", "gangs in one leaf", "min guarantee"):
+        gap = 100 * (ym - best)
+        return f"{100 * ym:.1f} % ({gap:+.1f} pts)" if not math.isnan(best) else f"{100 * ym:.1f} %"
+    if math.isnan(best) or best == 0:
+        return _s(ym)
+    rel = 100 * (best - ym) / best
+    return f"{_s(ym)} ({rel:+.1f} %)"
+
+
+def targets_table(rows: list[Summary], policy: str = "yardmaster") -> str:
+    """Per (workload, size, slowdown, limits): ``policy`` and, beside each metric, how far it is ahead (+) of
+    the best baseline on that metric (the strongest one for each claim), and that baseline."""
+    from scheduling.sim.policies import BASELINES
+
+    heads = " | ".join(name for name, _, _ in TARGETS)
+    out = f"| workload | nodes | slowdown | limits | {heads} |\n|---|---:|---:|---|" + "---|" * len(TARGETS) + "\n"
+    for ym in rows:
+        if ym.policy != policy:
+            continue
+        peers = [
+            s
+            for s in rows
+            if s.policy in BASELINES
+            and (s.workload, s.nodes, s.slowdown) == (ym.workload, ym.nodes, ym.slowdown)
+            and s.time_limits in ("-", ym.time_limits)
+        ]
+        cells = []
+        for name, get, higher in TARGETS:
+            values = [(get(s), s.policy) for s in peers if not math.isnan(get(s))]
+            if not values:
+                cells.append(_versus(get(ym), math.nan, higher, name))
+                continue
+            best, who = max(values) if higher else min(values)
+            if name == "gangs in one leaf":
+                cells.append(f"{_pct(get(ym))} (best {who} {_pct(best)})")
+            elif name == "min guarantee":
+                cells.append(f"{_pct(get(ym))} ({who} {_pct(best)})")
+            else:
+                cells.append(f"{_versus(get(ym), best, higher, name)} vs {who}")
+        out += f"| {ym.workload} | {ym.nodes} | {slowdown_label(ym.slowdown)} | {ym.time_limits} | " + " | ".join(cells) + " |\n"
     return out
 
 
@@ -208,6 +285,10 @@ def extra_lines(rows: list[Summary]) -> str:
     out = []
     for s in rows:
         bits = [f"cycles {s.cycles:,}", f"time in policy {s.plan_s:.1f} s"]
+        if not math.isnan(s.slowed):
+            bits.append(f"multi-node placements slowed {_pct(s.slowed)} ({s.slow_gpu_h:,.0f} GPU-h of extra run time)")
+        if s.at_risk_starts:
+            bits.append(f"starts at risk {s.at_risk_starts:,}")
         bits += [f"{k.replace('_', ' ')} {v:,.0f}" for k, v in s.extra.items()]
         if s.unfinished:
             bits.append(f"**{s.unfinished} jobs never finished**")

@@ -2,13 +2,39 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
+from typing import Any
+
+from scheduling.core.types import Plan, Snapshot
 from scheduling.sim import baselines
 from scheduling.sim.engine import Policy
 
-NAMES = ("yardmaster", "fifo", "first-fit", "easy-backfill")
+# The default set: Yardmaster and the four baselines.
+NAMES = ("yardmaster", "fifo", "first-fit", "easy-backfill", "easy-topo")
+# Yardmaster under other deployment settings, to measure what one of them does (never in the default set):
+# the absolute one-leaf rule of before (every gang that fits a leaf waits for one), and no backfill at risk.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "yardmaster-required": {"span_slowdown": math.inf},
+    "yardmaster-no-risk": {"backfill_at_risk": False},
+}
+KNOWN = (*NAMES, *VARIANTS)
+BASELINES = ("fifo", "first-fit", "easy-backfill", "easy-topo")
 # Policies whose decisions never read a job's time limit: one replay serves both
 # --time-limits modes.
 LIMIT_BLIND = frozenset({"fifo", "first-fit"})
+
+
+class _Configured:
+    """``plan`` with some of the deployment's settings (``Config``) changed: what an operator would set."""
+
+    def __init__(self, changes: dict[str, Any]) -> None:
+        self.changes = changes
+
+    def __call__(self, snapshot: Snapshot, *, now: float) -> Plan:
+        from scheduling.core.plan import plan
+
+        return plan(replace(snapshot, config=replace(snapshot.config, **self.changes)), now=now)
 
 
 def make_policy(name: str) -> Policy:
@@ -17,10 +43,18 @@ def make_policy(name: str) -> Policy:
         from scheduling.core.plan import plan
 
         return plan
+    if name in VARIANTS:
+        return _Configured(VARIANTS[name])
     if name == "fifo":
         return baselines.fifo
     if name == "first-fit":
         return baselines.KubeFirstFit()
     if name == "easy-backfill":
         return baselines.easy_backfill
-    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(NAMES)}")
+    if name == "easy-topo":
+        return baselines.easy_backfill_topo
+    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(KNOWN)}")
+
+
+def is_yardmaster(name: str) -> bool:
+    return name == "yardmaster" or name in VARIANTS

@@ -28,6 +28,8 @@ def issue_node_token(node: Node) -> str:
 
 def issue_enrolment_token(**fields: Any) -> str:
     raw = "yen_" + secrets.token_urlsafe(30)
+    # Fleets in the tests register many nodes with one token (a real one registers one by default).
+    fields.setdefault("max_uses", 1000)
     EnrolmentToken.objects.create(name="test", token_hash=hash_token(raw), **fields)
     return raw
 
@@ -50,7 +52,11 @@ def place(job: Job, ranks: Sequence[tuple[Node, Sequence[int]]]) -> list[Task]:
     master = ranks[0][0].address
     tasks = []
     for rank, (node, indices) in enumerate(ranks):
-        task = Task.objects.create(job=job, attempt=job.attempt, rank=rank, node=node, master_addr=master, master_port=29511)
+        # A port per job, as the cycle picks one (a constraint keeps them apart on a node).
+        task = Task.objects.create(
+            job=job, attempt=job.attempt, rank=rank, node=node, master_addr=master, master_port=29500 + job.pk % 500,
+            gpu_indices=sorted(indices),
+        )  # fmt: skip
         gpus = Gpu.objects.filter(node=node, index__in=indices)
         Allocation.objects.bulk_create(Allocation(gpu=g, task=task, job=job, attempt=job.attempt) for g in gpus)
         tasks.append(task)

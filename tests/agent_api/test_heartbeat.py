@@ -10,6 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from scheduling.models import Allocation, Gpu, GpuWindow, Job, Node, NodeState, Task, XidEvent
+from scheduling.notebook_secrets import Server, open_url
 from scheduling.services import job_request_stop, node_mark_lost, task_mark_running
 from scheduling.states import JobState, TaskState
 from tests.agent_api.conftest import AgentClient, heartbeat_body, task_report
@@ -68,16 +69,41 @@ def test_heartbeat_stores_the_latest_telemetry(agent: AgentClient, nodes: list[N
     assert gpu1.utilization_pct is None and gpu1.telemetry_at is not None
 
 
-def test_heartbeats_fold_into_one_minute_windows(agent: AgentClient, nodes: list[Node]) -> None:
-    agent.post("heartbeat", heartbeat_body(gpus=[sample(0, 20.0, memory_used_mb=500.0)]))
-    agent.post("heartbeat", heartbeat_body(gpus=[sample(0, 80.0, memory_used_mb=300.0)]))
-    windows = list(GpuWindow.objects.filter(gpu__node=nodes[0], gpu__index=0))
-    # Two heartbeats may straddle a minute boundary; then each window holds one sample.
-    assert sum(w.samples for w in windows) == 2
-    assert sum(w.utilization_sum for w in windows) == 100.0
-    assert max(w.utilization_max for w in windows) == 80.0
-    assert max(w.memory_used_max_mb for w in windows) == 500.0
-    assert all(w.start.second == 0 and w.start.microsecond == 0 for w in windows)
+def window(index: int, start: float, samples: int, util_sum: float, util_max: float, mem: float = 0.0) -> dict[str, object]:
+    return {
+        "index": index,
+        "start": start,
+        "samples": samples,
+        "utilization_sum": util_sum,
+        "utilization_max": util_max,
+        "memory_used_max_mb": mem,
+    }
+
+
+def test_the_agents_minute_windows_are_stored_as_the_orm_reads_them(agent: AgentClient, nodes: list[Node]) -> None:
+    minute = datetime(2026, 12, 1, 9, 54, tzinfo=UTC)
+    agent.post("heartbeat", heartbeat_body(windows=[window(0, minute.timestamp(), 6, 120.0, 80.0, 500.0)]))
+    (stored,) = GpuWindow.objects.filter(gpu__node=nodes[0], gpu__index=0)
+    assert (stored.start, stored.samples, stored.utilization_sum, stored.utilization_max) == (minute, 6, 120.0, 80.0)
+    # What the idle reaper asks for: the window by its start, as the ORM compares times.
+    assert GpuWindow.objects.filter(gpu__node=nodes[0], start=minute).count() == 1
+    assert GpuWindow.objects.filter(gpu__node=nodes[0], start__gte=minute).count() == 1
+
+
+def test_a_resent_window_overwrites_rather_than_adds(agent: AgentClient, nodes: list[Node]) -> None:
+    start = 1796012040.0  # a whole minute
+    body = heartbeat_body(windows=[window(1, start, 6, 300.0, 60.0)])
+    agent.post("heartbeat", body)
+    agent.post("heartbeat", body)  # the answer was lost: the agent sends the minute again
+    (stored,) = GpuWindow.objects.filter(gpu__node=nodes[0], gpu__index=1)
+    assert (stored.samples, stored.utilization_sum) == (6, 300.0)
+
+
+def test_a_heartbeat_without_telemetry_writes_no_gpu_row(agent: AgentClient, nodes: list[Node]) -> None:
+    with CaptureQueriesContext(connection) as queries:
+        assert agent.post("heartbeat", heartbeat_body()).status_code == 200
+    writes = [q["sql"] for q in queries.captured_queries if q["sql"].lstrip().upper().startswith(("INSERT", "UPDATE"))]
+    assert writes == [w for w in writes if "scheduling_node" in w]  # only the liveness update
 
 
 def test_xid_errors_become_events(agent: AgentClient, nodes: list[Node]) -> None:
@@ -105,7 +131,9 @@ def test_notebook_activity_reaches_the_task(agent: AgentClient, gang: Gang, node
     notebook = {"url": "http://127.0.0.1:41873/?token=t", "kernel_busy": False, "last_activity": 1796012001.5}
     agent.post("heartbeat", heartbeat_body(tasks=[task_report(task, notebook=notebook)]))
     task.refresh_from_db()
-    assert task.notebook_url == notebook["url"] and task.notebook_kernel_busy is False
+    # Kept without its token in the clear (scheduling/notebook_secrets.py; tests/agent_api/test_notebook_tokens.py).
+    assert open_url(task.notebook_url) == Server(base="http://127.0.0.1:41873/", token="t")
+    assert "token=t" not in task.notebook_url and task.notebook_kernel_busy is False
     assert task.notebook_last_activity == datetime.fromtimestamp(1796012001.5, tz=UTC)
 
 
@@ -129,8 +157,10 @@ def test_desired_carries_each_rank_its_spec(agent: AgentClient, other_agent: Age
         "node_rank": 1,
         "local_rank": 0,
         "master_addr": nodes[0].address,
-        "master_port": 29511,
+        "master_port": first.master_port,
         "gpus": [2, 3],
+        "cpus": second.job.cpus_per_replica,
+        "memory_mb": second.job.memory_mb_per_replica,
         "command": "python train.py",
         "env": {"WANDB_MODE": "offline"},
         "checkpoint_dir": "/ckpt/j",
@@ -138,6 +168,7 @@ def test_desired_carries_each_rank_its_spec(agent: AgentClient, other_agent: Age
         "action": "run",
         "grace_s": 60.0,
         "stop_reason": None,
+        "started": False,
     }
     assert [s["task_id"] for s in agent.post("heartbeat", heartbeat_body()).json()["desired"]] == [first.pk]
 
@@ -196,3 +227,67 @@ def test_heartbeat_queries_do_not_grow_with_tasks_or_gpus(agent: AgentClient, ga
     large = _heartbeat_queries(agent, many, gpus=8)
     assert large == small
     assert small <= 14
+
+
+def test_a_steady_heartbeat_of_eight_running_tasks_costs_four_queries(agent: AgentClient, gang: Gang, nodes: list[Node]) -> None:
+    tasks = [gang([(nodes[0], [i])])[0] for i in range(8)]
+    reports = [task_report(t, started_at=1796012000.0) for t in tasks]
+    agent.post("heartbeat", heartbeat_body(tasks=reports))  # starts them: the writes of a change
+    with CaptureQueriesContext(connection) as queries:
+        body = agent.post("heartbeat", heartbeat_body(tasks=reports)).json()
+    assert all(spec["started"] for spec in body["desired"])
+    # token lookup, liveness UPDATE, the live tasks with their jobs (the savepoints are BEGIN/COMMIT outside a test).
+    statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
+    assert len(statements) <= 3, [q[:80] for q in statements]
+
+
+def test_tasks_placed_before_gpu_indices_existed_get_them_from_their_allocations(
+    agent: AgentClient, gang: Gang, nodes: list[Node]
+) -> None:
+    task = gang([(nodes[0], [3, 5])])[0]
+    Task.objects.filter(pk=task.pk).update(gpu_indices=[])
+    (spec,) = agent.post("heartbeat", heartbeat_body()).json()["desired"]
+    assert spec["gpus"] == [3, 5]
+
+
+def test_ranks_reported_started_in_heartbeats_start_the_gang_once_all_run(
+    agent: AgentClient, other_agent: AgentClient, gang: Gang
+) -> None:
+    first, second = gang()
+    agent.post("heartbeat", heartbeat_body(tasks=[task_report(first, started_at=1796012000.0, pid=11)]))
+    assert Task.objects.get(pk=first.pk).state == TaskState.RUNNING
+    assert Task.objects.get(pk=first.pk).pid == 11
+    assert Job.objects.get(pk=first.job_id).state == JobState.STARTING  # rank 1 has not started yet
+    other_agent.post("heartbeat", heartbeat_body(tasks=[task_report(second, started_at=1796012001.0)]))
+    job = Job.objects.get(pk=first.job_id)
+    assert job.state == JobState.RUNNING and job.started_at is not None
+    assert job.events.filter(to_state=JobState.RUNNING).count() == 1
+
+
+def test_a_report_without_a_start_time_does_not_start_a_task(agent: AgentClient, gang: Gang) -> None:
+    # Older agents report starts through the status call; a heartbeat that only lists the task leaves it ASSIGNED.
+    task = gang()[0]
+    agent.post("heartbeat", heartbeat_body(tasks=[task_report(task)]))
+    assert Task.objects.get(pk=task.pk).state == TaskState.ASSIGNED
+
+
+def test_the_compiled_live_task_query_gives_what_the_orm_gives(gang: Gang, nodes: list[Node]) -> None:
+    from scheduling.agent.services import _LIVE_TASKS, live_tasks_queryset
+
+    tasks = [gang([(nodes[0], [i])], env={"A": str(i)}, command=f"run {i}")[0] for i in range(3)]
+    Task.objects.filter(pk=tasks[1].pk).update(state=TaskState.RUNNING, checkpoint_at=timezone.now(), notebook_url="u")
+    fast = _LIVE_TASKS.fetch(nodes[0].pk)
+    slow = list(live_tasks_queryset(nodes[0].pk))
+    assert [t.pk for t in fast] == [t.pk for t in slow] == sorted(t.pk for t in tasks)
+
+    def seen(t: Task) -> tuple[object, ...]:
+        return (
+            t.pk, t.state, t.master_port, t.gpu_indices, t.checkpoint_at, t.notebook_url,
+            t.job.pk, t.job.command, t.job.env, t.job.state, t.job.user.username,
+        )  # fmt: skip
+
+    assert [seen(t) for t in fast] == [seen(t) for t in slow]
+    with CaptureQueriesContext(connection) as queries:
+        [t.job.user.username for t in _LIVE_TASKS.fetch(nodes[0].pk)]
+    assert len(queries) == 1  # jobs and owners came with the tasks
+    assert _LIVE_TASKS.fetch(nodes[1].pk) == []  # another node's id, the same compiled query

@@ -15,7 +15,7 @@ from scheduling.agent.liveness import nodes_check
 from scheduling.agent.tasks import check_nodes
 from scheduling.models import Allocation, Job, JobEvent, Node, NodeState, Task
 from scheduling.states import JobState, TaskState
-from tests.agent_api.conftest import AgentClient, heartbeat_body
+from tests.agent_api.conftest import AgentClient, heartbeat_body, task_report
 
 Gang = Callable[..., list[Task]]
 
@@ -56,20 +56,39 @@ def test_a_node_never_heard_from_is_left_alone(nodes: list[Node]) -> None:
 
 
 def test_a_node_silent_past_down_loses_its_gangs(nodes: list[Node], gang: Gang) -> None:
-    first = gang()[0]
+    first = gang([(nodes[0], [0, 1])])[0]
     silent_for(nodes[0], settings.YARD["NODE_DOWN_S"] + 1)
     report = nodes_check(now=timezone.now())
     assert report.down == [nodes[0].name] and report.requeued_jobs == [first.job_id]
     assert state_of(nodes[0]) == NodeState.DOWN
     job = Job.objects.get(pk=first.job_id)
     assert (job.state, job.attempt) == (JobState.PENDING, 2)
-    # The whole gang restarts: the rank on the healthy node is lost too, and every GPU is free.
     assert set(Task.objects.filter(job=job).values_list("state", flat=True)) == {TaskState.LOST}
     assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
 
 
+def test_a_gangs_rank_on_a_live_node_stops_before_the_gang_is_requeued(
+    nodes: list[Node], gang: Gang, other_agent: AgentClient
+) -> None:
+    lost, survivor = gang()  # rank 0 on the node that goes silent, rank 1 on a live one
+    silent_for(nodes[0], settings.YARD["NODE_DOWN_S"] + 1)
+    assert nodes_check(now=timezone.now()).requeued_jobs == [lost.job_id]
+    job = Job.objects.get(pk=lost.job_id)
+    # Not requeued yet: rank 1 may still run, and keeps its GPUs until its agent says it stopped.
+    assert (job.state, job.attempt, job.stop_reason) == (JobState.STARTING, 1, "NODE_LOST")
+    assert Task.objects.get(pk=survivor.pk).state == TaskState.STOPPING
+    assert Allocation.objects.filter(task=survivor, released_at__isnull=True).count() == 2
+    (spec,) = other_agent.post("heartbeat", heartbeat_body(tasks=[task_report(survivor)])).json()["desired"]
+    assert spec["action"] == "stop"
+    other_agent.post(f"tasks/{survivor.pk}/status", {"attempt": 1, "state": "running", "pid": 7})
+    other_agent.post(f"tasks/{survivor.pk}/status", {"attempt": 1, "state": "exited", "signal": 15, "stopped_by": "sigterm"})
+    job.refresh_from_db()
+    assert (job.state, job.attempt) == (JobState.PENDING, 2)
+    assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()
+
+
 def test_a_second_check_requeues_nothing_more(nodes: list[Node], gang: Gang) -> None:
-    task = gang()[0]
+    task = gang([(nodes[0], [0, 1])])[0]
     silent_for(nodes[0], settings.YARD["NODE_DOWN_S"] + 1)
     nodes_check(now=timezone.now())
     assert nodes_check(now=timezone.now()).requeued_jobs == []
@@ -98,7 +117,7 @@ def test_the_celery_task_runs_the_check(nodes: list[Node]) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_checks_requeue_a_lost_gang_exactly_once(nodes: list[Node], gang: Gang) -> None:
-    task = gang()[0]
+    task = gang([(nodes[0], [0, 1])])[0]
     silent_for(nodes[0], settings.YARD["NODE_DOWN_S"] + 1)
     start = threading.Barrier(3)
     reports = []

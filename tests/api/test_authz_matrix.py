@@ -53,6 +53,10 @@ MATRIX: dict[str, Callable[[Target], Call]] = {
     "GET /api/v1/notebooks/{id}/logs": lambda t: Call("get", f"/api/v1/notebooks/{t.notebook}/logs", {"offset": 0}),
     "GET /api/v1/teams/{id}/quota": lambda t: Call("get", f"/api/v1/teams/{t.team}/quota"),
     "GET /api/v1/reports/usage": lambda t: Call("get", "/api/v1/reports/usage", {"unit": t.team}),
+    "GET /api/v1/fairshare": lambda t: Call("get", "/api/v1/fairshare", {"team": t.team_slug}),
+    "POST /api/v1/jobs/{id}/rerun": lambda t: Call("post", f"/api/v1/jobs/{t.job}/rerun"),
+    "POST /api/v1/jobs/preview": lambda t: Call("post", "/api/v1/jobs/preview", _job_body(t)),
+    "GET /api/v1/me/quota": lambda t: Call("get", "/api/v1/me/quota", {"team": t.team_slug}),
 }
 # Operations with no tenant object to aim at: they only ever answer about the caller.
 NO_TENANT_OBJECT = {"GET /api/v1/me"}

@@ -145,15 +145,19 @@ def test_logs_tail_gives_the_last_lines(cast, logged):
     assert body["text"] == "line 2\nline 3\n" and body["next_offset"] == 21
 
 
-def test_notebook_url_is_shown_to_its_owner_only(cast, nodes):
+def test_notebook_url_is_the_portals_proxy_for_those_who_may_open_it(cast, nodes):
     client = token_client(cast.ann_token)
     created = client.post("/api/v1/notebooks", {"name": "nb", "team": cast.org.team_a.slug, "gpus": 1}, format="json")
     assert created.status_code == 201, created.json()
     run_cycle_once()
     task = Task.objects.get(job_id=created.json()["id"])
+    assert client.get(f"/api/v1/notebooks/{task.job_id}").json()["notebook_url"] is None  # not started
     task_mark_running(task=task, pid=1, started_at=timezone.now(), notebook_url="https://n/lab?token=s3cret")
-    assert client.get(f"/api/v1/notebooks/{task.job_id}").json()["notebook_url"].endswith("s3cret")
-    assert session_client(cast.lead).get(f"/api/v1/notebooks/{task.job_id}").json()["notebook_url"] is None
+    Task.objects.filter(pk=task.pk).update(notebook_kernel_busy=False)  # its server answers the agent's probe
+    url = client.get(f"/api/v1/notebooks/{task.job_id}").json()["notebook_url"]
+    assert url == f"http://testserver/notebooks/{task.job_id}/lab/" and "s3cret" not in url
+    assert session_client(cast.lead).get(f"/api/v1/notebooks/{task.job_id}").json()["notebook_url"] == url
+    assert session_client(cast.amy).get(f"/api/v1/notebooks/{task.job_id}").json()["notebook_url"] is None
     assert client.get(f"/api/v1/jobs/{task.job_id}").status_code == 404  # a notebook is not under /jobs
 
 
@@ -189,3 +193,19 @@ def test_no_credentials_is_a_401_in_the_error_shape(db):
 
     body = APIClient().get("/api/v1/jobs")
     assert body.status_code in (401, 403) and body.json()["code"] == "not_authenticated"
+
+
+def test_a_jobs_leaf_locality_is_kept_shown_and_planned_with(cast, nodes):
+    from scheduling.core.types import LeafLocality
+    from scheduling.selectors import snapshot_build
+
+    client = token_client(cast.ann_token)
+    body = client.post("/api/v1/jobs", job_body(cast.org.team_a, leaf_locality="required"), format="json").json()
+    assert body["leaf_locality"] == "required"
+    assert Job.objects.get(pk=body["id"]).leaf_locality == "required"
+    (pending,) = [p for p in snapshot_build(now=timezone.now()).pending if p.job_id == str(body["id"])]
+    assert pending.locality == LeafLocality.REQUIRED
+    default = client.post("/api/v1/jobs", job_body(cast.org.team_a), format="json").json()
+    assert default["leaf_locality"] == "auto"
+    bad = client.post("/api/v1/jobs", job_body(cast.org.team_a, leaf_locality="nearby"), format="json")
+    assert bad.status_code == 400 and set(bad.json()["fields"]) == {"leaf_locality"}

@@ -1,11 +1,20 @@
-"""Leaf locality: a multi-node gang that one leaf switch could hold never spans leaves; it waits for one."""
+"""Leaf locality, required: a multi-node gang that one leaf switch could hold never spans leaves; it waits for one.
+
+(The cost-based default, ``auto``, is tested in test_locality_cost.py.)"""
+
+from dataclasses import replace
 
 from scheduling.core.plan import plan
-from scheduling.core.testing import cluster, gpu_ids, node, pending, quota_tree, running, snapshot
-from scheduling.core.types import Config, Locality, Tier, Topology
+from scheduling.core.testing import cluster, gpu_ids, node, quota_tree, running, snapshot
+from scheduling.core.testing import pending as any_pending
+from scheduling.core.types import Config, LeafLocality, Locality, PendingJob, Tier, Topology
 
 # Two leaves of four 8-GPU nodes: leaf-0 = n000..n003, leaf-1 = n004..n007.
 TOPO = cluster(nodes_per_leaf=4, leaves_per_spine=2)
+
+
+def pending(job_id: str, replicas: int = 1, gpus_per_replica: int = 8, **kw: object) -> PendingJob:
+    return replace(any_pending(job_id, replicas, gpus_per_replica, **kw), locality=LeafLocality.REQUIRED)  # type: ignore[arg-type]
 
 
 def one_node_busy_per_leaf(leaf0_ends=3600.0, leaf1_ends=7200.0):
@@ -25,6 +34,7 @@ def test_waiting_gang_is_told_it_needs_one_leaf_and_where_it_is_reserved():
     result = plan(snapshot(TOPO, running=one_node_busy_per_leaf(), pending=[pending("g", 4, 8)]), now=0.0)
     assert result.pending_reasons["g"] == (
         "needs 4 whole nodes of 8 H100 under one leaf switch; best leaf has 3 free; reserved leaf-0, earliest in ~60 min"
+        "; one leaf switch: required by the job"
     )
 
 

@@ -139,3 +139,13 @@ def test_multi_node_gang_frees_whole_nodes_in_one_leaf():
 def test_preemption_can_be_switched_off():
     result = plan_with(full_of(), [pending("mine", 1, 8, team="owner")], config=Config(preemption=False))
     assert result.preemptions == ()
+
+
+def test_at_most_max_reclaims_jobs_preempt_in_one_plan_and_the_rest_are_told_next_cycle():
+    busy = full_of()
+    jobs = [pending("first", 1, 8, team="owner"), pending("second", 1, 8, team="owner", submit_time=1.0)]
+    quotas = quota_tree({"owner": {"H100": 16}, "borrower": {"H100": 0}})
+    result = plan_with(busy, jobs, quotas=quotas, config=Config(max_reclaims=1))
+    assert [(p.job_id, p.for_job) for p in result.preemptions] == [("y", "first")]
+    assert result.pending_reasons["second"].endswith("; may preempt at the next cycle (at most 1 jobs preempt in one cycle)")
+    assert len(plan_with(busy, jobs, quotas=quotas).preemptions) == 2  # the default leaves room for both

@@ -7,10 +7,10 @@ import pytest
 from django.utils import timezone
 
 from scheduling.core.plan import plan
-from scheduling.cycle import LeaseLost, apply_plan, lease_claim, run_cycle_once
+from scheduling.cycle import LeaseLost, apply_plan, lease_claim, lease_release, run_cycle_once
 from scheduling.models import Allocation, Job, SchedulerLease, Task
 from scheduling.selectors import invariant_violations, snapshot_build
-from scheduling.services import JobSpec, job_submit, task_mark_running
+from scheduling.services import QUEUED, JobSpec, job_submit, task_mark_running
 from scheduling.states import JobState
 from tenants.models import AuditEntry
 from tests.factories import make_cluster, make_user
@@ -19,6 +19,7 @@ pytestmark = pytest.mark.django_db
 
 
 def submit(org, user, **kw):
+    kw.setdefault("command", "true")
     return job_submit(user=user, spec=JobSpec(name="train", team=kw.pop("team", org.team_a), **kw))
 
 
@@ -27,8 +28,10 @@ def expire_lease():
 
 
 def test_lease_cannot_be_claimed_while_held(nodes):
-    assert lease_claim() is not None
+    held = lease_claim()
+    assert held is not None
     assert lease_claim() is None
+    lease_release(held)
 
 
 def test_expired_lease_is_claimed_with_a_higher_epoch(nodes):
@@ -36,6 +39,8 @@ def test_expired_lease_is_claimed_with_a_higher_epoch(nodes):
     expire_lease()
     second = lease_claim()
     assert second is not None and second.epoch == first.epoch + 1
+    lease_release(second)
+    lease_release(first)  # its session lock, if it took one
 
 
 def test_paused_holder_resuming_after_a_takeover_gets_no_write_accepted(org, ann, nodes):
@@ -53,7 +58,7 @@ def test_paused_holder_resuming_after_a_takeover_gets_no_write_accepted(org, ann
     job.refresh_from_db()
     assert job.state == JobState.PENDING
     assert not Task.objects.exists() and not Allocation.objects.exists()
-    assert job.pending_reason.startswith("fits now")  # not even the reasons were written
+    assert job.pending_reason == QUEUED  # what submission said: not even the reasons were written
 
 
 def test_gang_whose_gpus_were_taken_meanwhile_is_rolled_back_whole(org, ann, nodes):

@@ -21,3 +21,11 @@ def test_a_cycle_records_its_duration_for_the_metrics_endpoint():
     text = render_metrics(now=timezone.now()).decode()
     line = next(x for x in text.splitlines() if x.startswith("yard_scheduler_cycle_duration_seconds "))
     assert float(line.split()[1]) == pytest.approx(result.seconds)
+
+
+@pytest.mark.django_db
+def test_the_deployments_span_slowdown_reaches_the_plan(settings):
+    from scheduling.selectors import snapshot_build
+
+    settings.YARD = {**settings.YARD, "SPAN_SLOWDOWN": 0.4}
+    assert snapshot_build(now=timezone.now()).config.span_slowdown == 0.4

@@ -25,6 +25,7 @@ pytestmark = pytest.mark.django_db
 
 
 def spec(org, **kw):
+    kw.setdefault("command", "true")
     return JobSpec(name=kw.pop("name", "train"), team=kw.pop("team", org.team_a), **kw)
 
 
@@ -190,6 +191,13 @@ def test_node_lost_requeues_the_gang_once(org, ann, nodes):
     node = Task.objects.get(job=job, rank=0).node
     assert [j.pk for j in node_mark_lost(node=node, reason="missed heartbeats")] == [job.pk]
     assert node_mark_lost(node=node, reason="missed heartbeats") == []
+    job.refresh_from_db()
+    # Rank 1 runs on a live node: it is told to stop and keeps its GPUs until its agent says it ended.
+    survivor = Task.objects.get(job=job, rank=1)
+    assert (job.state, job.attempt, job.stop_reason, survivor.state) == (JobState.RUNNING, 1, "NODE_LOST", TaskState.STOPPING)
+    assert Allocation.objects.filter(task=survivor, released_at__isnull=True).count() == 8
+    assert invariant_violations() == []
+    task_mark_exited(task=survivor, exit_code=None, signal=15, stopped_by="sigterm", ended_at=timezone.now())
     job.refresh_from_db()
     assert (job.state, job.attempt) == (JobState.PENDING, 2)
     assert not Allocation.objects.filter(job=job, released_at__isnull=True).exists()

@@ -25,7 +25,7 @@ def test_one_gpu_held_for_one_half_life_until_now_counts_half_its_undecayed_inte
 
 
 def test_usage_is_per_team_and_gpu_type(org, ann, nodes):
-    job_submit(user=ann, spec=JobSpec(name="t", team=org.team_a, replicas=1, gpus_per_replica=8))
+    job_submit(user=ann, spec=JobSpec(name="t", team=org.team_a, replicas=1, gpus_per_replica=8, command="true"))
     run_cycle_once()
     later = timezone.now() + timedelta(seconds=100)
     cache.clear()  # the figure is cached for a few seconds; the submit above computed it before the placement
@@ -42,6 +42,6 @@ def test_a_burst_of_submits_requests_one_cycle(org, ann, nodes, django_capture_o
     app.control.purge()
     with django_capture_on_commit_callbacks(execute=True):
         for i in range(5):
-            job_submit(user=ann, spec=JobSpec(name=f"burst-{i}", team=org.team_a))
+            job_submit(user=ann, spec=JobSpec(name=f"burst-{i}", team=org.team_a, command="true"))
     assert _queued() == 1
     app.control.purge()

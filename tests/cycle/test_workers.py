@@ -81,7 +81,10 @@ def test_two_workers_under_a_minute_of_churn_on_200_nodes_keep_every_invariant(w
             user, team = rng.choice(users)
             replicas, gpus = rng.choice(SHAPES)
             tier = rng.choice((2, 2, 3))
-            job_submit(user=user, spec=JobSpec(name="churn", team=team, tier=tier, replicas=replicas, gpus_per_replica=gpus))
+            job_submit(
+                user=user,
+                spec=JobSpec(name="churn", team=team, tier=tier, replicas=replicas, gpus_per_replica=gpus, command="true"),
+            )
         pending = list(Job.objects.filter(state=JobState.PENDING).order_by("?")[:1])
         if pending and rng.random() < 0.2:
             job_cancel(job=pending[0], actor=pending[0].user)
@@ -107,7 +110,10 @@ def test_two_workers_under_a_minute_of_churn_on_200_nodes_keep_every_invariant(w
 def test_worker_killed_mid_apply_leaves_whole_gangs_and_the_next_cycle_places_the_rest(workers, settings):
     users = make_shared_cluster(16)
     user, team = users[0]
-    jobs = [job_submit(user=user, spec=JobSpec(name=f"gang-{i}", team=team, replicas=2, gpus_per_replica=8)) for i in range(6)]
+    jobs = [
+        job_submit(user=user, spec=JobSpec(name=f"gang-{i}", team=team, replicas=2, gpus_per_replica=8, command="true"))
+        for i in range(6)
+    ]
     [worker] = workers(1, **{APPLY_PAUSE_ENV: "1.5"})
     app.control.purge()
     run_cycle.delay()

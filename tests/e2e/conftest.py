@@ -54,6 +54,14 @@ def marked_pids(mark: str, *, task_id: int | None = None) -> set[int]:
     return found
 
 
+def is_watchdog(pid: int) -> bool:
+    """The node's watchdog (nodeagent/watchdog.py) carries the agent's environment, marker included."""
+    try:
+        return b"nodeagent.watchdog" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def wait_for(what: str, condition: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout
     while True:
@@ -98,8 +106,12 @@ class Harness:
         return (self.root / f"agent-{name}.log").read_text(errors="replace")
 
     def workload_pids(self, task: Task | None = None) -> set[int]:
-        """Marked processes that are not agents: the workloads and their wrappers (of one task, if given)."""
-        return marked_pids(self.mark, task_id=task.pk if task else None) - {p.pid for p in self.agents.values()}
+        """Marked processes that are not agents or their watchdogs: the workloads and their wrappers (of one task, if given)."""
+        pids = marked_pids(self.mark, task_id=task.pk if task else None) - {p.pid for p in self.agents.values()}
+        return {pid for pid in pids if not is_watchdog(pid)}
+
+    def watchdog_pids(self) -> set[int]:
+        return {pid for pid in marked_pids(self.mark) if is_watchdog(pid)}
 
     def node_ready(self, name: str) -> Node:
         return wait_for(f"node {name} READY", lambda: Node.objects.filter(name=name, state=NodeState.READY).first(), timeout=30)

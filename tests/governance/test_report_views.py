@@ -212,3 +212,21 @@ def test_finished_notebook_cannot_be_extended(client, world):
     client.post(reverse("notebook-extend-idle", args=[job.pk]))
     job.refresh_from_db()
     assert job.idle_extended_at is None
+
+
+def test_report_page_opens_on_last_month_in_a_months_first_days_and_its_csv_links_say_which(client, world, monkeypatch):
+    *_, admin = world
+    monkeypatch.setattr("django.utils.timezone.now", lambda: datetime(2026, 11, 2, 9, 0, tzinfo=UTC))
+    client.force_login(admin)
+    response = client.get(reverse("reports"))
+    body = response.content.decode()
+    assert response.context["report"].month.label == OCT and 'id="previous-month"' in body
+    assert "month=2026-10" in response.context["query"]
+
+
+def test_report_numbers_share_one_format(client, world):
+    *_, admin = world
+    client.force_login(admin)
+    body = client.get(reverse("reports"), {"month": OCT}).content.decode()
+    assert "47,616.0 guaranteed GPU-h" in body and ">47,616.0</td>" in body  # the root's 64 H100 x 744 h
+    assert "47616" not in body.replace('data-value="47616', "")  # only the machine-readable copy is bare

@@ -40,6 +40,11 @@ class FakePortal:
         self.stale: set[tuple[int, int]] = set()
         # task id -> the node it was ever assigned to: another node's token gets a 404
         self.assigned: dict[int, str] = {}
+        # Tasks whose start a heartbeat reported, as the portal records them (docs/agent-api.md): each
+        # start is also kept in `statuses` as a "running" status, the shape tests read.
+        self.started: set[int] = set()
+        # Extra limits every heartbeat answer carries (stop_after_s, fence_after_s, max_grace_s).
+        self.limits: dict[str, float] = {}
         self.port = 0
         self.server: ThreadingHTTPServer | None = None
 
@@ -135,10 +140,17 @@ class FakePortal:
                 return 401, {"code": "unauthorized"}
             if route == "heartbeat":
                 node.heartbeats.append(body)
+                self._record_starts(node, body)
                 return 200, {
-                    "desired": [dict(s) for s in node.desired],
+                    # A stale attempt is not the node's any more: the portal leaves it out, the agent fences it.
+                    "desired": [
+                        {**s, "started": int(s["task_id"]) in self.started}
+                        for s in node.desired
+                        if (int(s["task_id"]), int(s["attempt"])) not in self.stale
+                    ],
                     "heartbeat_interval_s": self.heartbeat_interval_s,
                     "node_state": "READY",
+                    **self.limits,
                 }
             if route == "drain":
                 node.drains.append(str(body.get("reason")))
@@ -147,6 +159,28 @@ class FakePortal:
             if len(parts) == 3 and parts[0] == "tasks":
                 return self._task_call(node, int(parts[1]), parts[2], body)
         return 404, {"code": "not_found"}
+
+    def _record_starts(self, node: NodeRecord, body: dict[str, Any]) -> None:
+        for report in body.get("tasks", []):
+            task_id = int(report["task_id"])
+            if task_id in self.started or report.get("started_at") is None or self.assigned.get(task_id) != node.name:
+                continue
+            if (task_id, int(report["attempt"])) in self.stale:
+                continue
+            self.started.add(task_id)
+            notebook = report.get("notebook") or {}
+            self.statuses.append(
+                (
+                    task_id,
+                    {
+                        "attempt": report["attempt"],
+                        "state": "running",
+                        "pid": report.get("pid"),
+                        "started_at": report.get("started_at"),
+                        "notebook_url": notebook.get("url"),
+                    },
+                )
+            )
 
     def _register(self, token: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         if token != ENROLMENT_TOKEN:

@@ -40,7 +40,7 @@ def agents(live_server: Any, settings: Any, tmp_path: Path) -> Iterator[Callable
     from scheduling.models import EnrolmentToken
     from tenants.models import hash_token
 
-    EnrolmentToken.objects.create(name="tests", token_hash=hash_token(ENROLMENT))
+    EnrolmentToken.objects.create(name="tests", token_hash=hash_token(ENROLMENT), max_uses=100)
     started: list[tuple[Agent, threading.Thread]] = []
 
     def start(name: str, leaf: str) -> Agent:

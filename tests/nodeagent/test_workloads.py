@@ -210,12 +210,15 @@ def test_fencing_kills_a_task_missing_from_desired(portal: FakePortal, start_age
     assert wait_gone(pid, timeout=2)
 
 
-def test_stale_attempt_answer_makes_the_agent_kill_the_process(portal: FakePortal, start_agent: StartAgent) -> None:
-    portal.stale.add((15, 1))
+def test_a_stale_attempt_is_fenced_and_its_end_refused(portal: FakePortal, start_agent: StartAgent) -> None:
     agent = start_agent()
     portal.set_desired("node-t1", [task_spec(15, "exec sleep 60")])
     record = portal.wait_for(lambda: agent.record(15), what="task 15 started")
+    portal.wait_for(lambda: record.running_reported, what="task 15's start recorded")
+    # The portal requeued it elsewhere: it leaves desired, and its end is answered 409.
+    portal.stale.add((15, 1))
     portal.wait_for(lambda: record.settled, what="task 15 settled")
+    assert portal.statuses_of(15, "exited") == []
     assert (record.stop_cause, record.signal) == ("fenced", 15)
     assert wait_gone(record.pid, timeout=2)
 
@@ -225,7 +228,8 @@ def test_heartbeat_reports_simulated_utilisation_from_the_workload(portal: FakeP
     portal.set_desired("node-t1", [task_spec(16, 'echo 88 > "$YARD_SIM_UTIL_FILE"; exec sleep 60', gpus=[2, 3])])
 
     def utilisation() -> list[float] | None:
-        beats = portal.heartbeats("node-t1")
+        # Readings go out when they move (or once a minute), not in every heartbeat: take the newest.
+        beats = [b for b in portal.heartbeats("node-t1") if b["gpus"]]
         if not beats:
             return None
         utils = [g["utilization_pct"] for g in beats[-1]["gpus"]]

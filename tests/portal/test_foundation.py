@@ -43,6 +43,13 @@ def test_database_url_postgres_is_parsed():
     assert (db["NAME"], db["USER"], db["PASSWORD"], db["HOST"], db["PORT"]) == ("yard", "u", "p@ss", "db.example", "6543")
 
 
+def test_each_process_names_itself_to_postgresql_unless_the_url_does():
+    named = database_from_url("postgres://u@db.example/yard", base_dir=ROOT)["OPTIONS"]
+    assert named["application_name"].startswith("yardmaster ") and str(os.getpid()) in named["application_name"]
+    chosen = database_from_url("postgres://u@db.example/yard?application_name=portal-a", base_dir=ROOT)["OPTIONS"]
+    assert chosen["application_name"] == "portal-a"
+
+
 def _manage(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     # Not the browser tests' DJANGO_ALLOW_ASYNC_UNSAFE either: no deployment sets it.
     unset = {"DEBUG", "YARD_HTTPS", "DJANGO_ALLOW_ASYNC_UNSAFE"}

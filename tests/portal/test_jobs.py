@@ -136,7 +136,7 @@ def test_job_page_poll_of_a_running_job_keeps_polling(client, cast):
     job = _running_job(cast)
     client.force_login(cast.ann)
     response = client.get(reverse("job", args=[job.pk]), **HTMX)
-    assert response.status_code == 200 and b'hx-trigger="every 2s"' in response.content
+    assert response.status_code == 200 and b'hx-trigger="every 2s, refresh"' in response.content
 
 
 def test_job_page_shows_the_pending_reason(client, cast):
@@ -241,6 +241,30 @@ def test_submit_creates_the_job_and_goes_to_its_page(client, cast):
     job = Job.objects.get()
     assert response.status_code == 302 and response["Location"] == reverse("job", args=[job.pk])
     assert (job.replicas, job.gpus_per_replica, job.env, job.time_limit_s) == (2, 4, {"EPOCHS": "3", "LR": "0.1"}, 7200)
+
+
+def test_submit_keeps_the_leaf_locality_chosen_and_run_again_keeps_it_too(client, cast):
+    client.force_login(cast.ann)
+    client.post(reverse("job-submit"), _submit_data(cast, leaf_locality="required"))
+    job = Job.objects.get()
+    assert job.leaf_locality == "required"
+    client.post(reverse("job-rerun", args=[job.pk]))
+    assert Job.objects.exclude(pk=job.pk).get().leaf_locality == "required"
+    client.post(reverse("job-submit"), _submit_data(cast, name="plain"))
+    assert Job.objects.get(name="plain").leaf_locality == "auto"
+
+
+def test_submit_keeps_cores_and_memory_given_and_fills_the_defaults_per_gpu_when_left_empty(client, cast):
+    client.force_login(cast.ann)
+    client.post(reverse("job-submit"), _submit_data(cast, name="sized", cpus_per_replica="12", memory_gb_per_replica="24"))
+    client.post(reverse("job-submit"), _submit_data(cast, name="plain"))
+    sized, plain = Job.objects.get(name="sized"), Job.objects.get(name="plain")
+    assert (sized.cpus_per_replica, sized.memory_mb_per_replica) == (12, 24 * 1024)
+    assert (plain.cpus_per_replica, plain.memory_mb_per_replica) == (8 * 4, 4 * 64 * 1024)  # 4 GPUs per replica
+    page = client.get(reverse("job-submit") + f"?copy={sized.pk}").content.decode()
+    assert 'name="cpus_per_replica"' in page and "Empty: 8 per GPU" in page
+    bad = client.post(reverse("job-submit"), _submit_data(cast, name="bad", cpus_per_replica="0"))
+    assert bad.status_code == 400 and not Job.objects.filter(name="bad").exists()
 
 
 def test_submit_shows_a_bad_environment_line_next_to_its_field(client, cast):

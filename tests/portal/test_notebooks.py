@@ -36,12 +36,21 @@ def test_launch_creates_a_pending_notebook_and_shows_its_page(client, cast):
     assert response["Location"] == reverse("notebook", args=[job.pk])
 
 
-def test_owner_sees_open_and_is_redirected_to_the_server_with_its_token(client, cast):
+def test_owner_sees_open_and_is_redirected_to_the_notebook_proxy_without_a_token(client, cast, settings):
+    settings.YARD_NOTEBOOK_URL = "http://127.0.0.1:8001"
     job = _running_notebook(cast, cast.ann)
     client.force_login(cast.ann)
-    assert b"Open notebook" in client.get(reverse("notebook", args=[job.pk])).content
+    page = client.get(reverse("notebook", args=[job.pk])).content.decode()
+    assert "Open notebook" in page and "s3cret" not in page
     response = client.get(reverse("notebook-open", args=[job.pk]))
-    assert response.status_code == 302 and response["Location"] == URL
+    assert response.status_code == 302 and response["Location"] == f"http://127.0.0.1:8001/notebooks/{job.pk}/lab/"
+
+
+def test_by_default_the_notebook_opens_at_the_portals_own_address(client, cast, settings):
+    settings.YARD_NOTEBOOK_URL = ""
+    job = _running_notebook(cast, cast.ann)
+    client.force_login(cast.ann)
+    assert client.get(reverse("notebook-open", args=[job.pk]))["Location"] == f"/notebooks/{job.pk}/lab/"
 
 
 def test_open_is_not_offered_before_the_server_answers(client, cast):
@@ -51,12 +60,24 @@ def test_open_is_not_offered_before_the_server_answers(client, cast):
     assert client.get(reverse("notebook-open", args=[job.pk]))["Location"] == reverse("notebook", args=[job.pk])
 
 
-def test_teammate_neither_sees_nor_opens_the_notebook(client, cast):
+def test_the_team_lead_may_open_it_a_teammate_neither_sees_nor_opens_it(client, cast):
+    from tests.factories import make_user
+
     job = _running_notebook(cast, cast.ann)
     client.force_login(cast.lea)
+    assert b"Open notebook" in client.get(reverse("notebook", args=[job.pk])).content
+    assert client.get(reverse("notebook-open", args=[job.pk])).status_code == 302
+    client.force_login(make_user("amy", unit=cast.org.team_a))
     page = client.get(reverse("notebook", args=[job.pk])).content.decode()
     assert "Open notebook" not in page and "s3cret" not in page
     assert client.get(reverse("notebook-open", args=[job.pk])).status_code == 404
+
+
+def test_a_stopped_notebook_opens_nothing(client, cast):
+    job = _running_notebook(cast, cast.ann)
+    Job.objects.filter(pk=job.pk).update(state=JobState.CANCELLED)
+    client.force_login(cast.ann)
+    assert client.get(reverse("notebook-open", args=[job.pk]))["Location"] == reverse("notebook", args=[job.pk])
 
 
 def test_other_tenant_gets_404_for_the_notebook_page(client, cast):
@@ -103,15 +124,50 @@ def test_the_page_says_how_long_the_gpu_has_been_idle_and_when_the_reaper_stops_
     # Ten idle minutes, ending with the last complete one.
     telemetry(job, start=last_complete_window(now) - timedelta(minutes=9), minutes=10, utilization=0.0)
     client.force_login(cast.ann)
-    line = re.search(
-        r'<p id="notebook-activity"[^>]*>(.*?)</p>', client.get(reverse("notebook", args=[job.pk])).content.decode(), re.S
-    )
-    assert line is not None
-    text = " ".join(line.group(1).split())
+    body = client.get(reverse("notebook", args=[job.pk])).content.decode()
+    block = re.search(r'<div id="notebook-activity"[^>]*>(.*?)</div>', body, re.S)
+    assert block is not None
+    text = " ".join(re.sub(r"<[^>]+>", "", block.group(1)).split())
+    stop_at = now.replace(second=0, microsecond=0) + timedelta(minutes=35)  # 45 min timeout, 10 idle
     assert text == (
-        "Kernel idle · GPU idle (≤ 1 %) for the last 10 min: stopped in 35 min unless it gets busy"
-        " · idle notebooks are stopped after 45 min"
+        f"Kernel idle · GPU idle (≤ 1 %) for the last 10 min. The idle reaper stops it at {stop_at:%H:%M} "
+        "(in 35 min) unless its GPUs are used."
     )
+    assert f'data-countdown="{stop_at.isoformat()}"' in body  # the page counts down to that moment
+
+
+def test_the_owner_can_extend_once_and_the_page_says_until_when(client, cast):
+    now = _now_mid_minute()
+    node = Gpu.objects.first().node
+    job = running_job(team=cast.org.team_a, user=cast.ann, node=node, kind=JobKind.NOTEBOOK, start=now - timedelta(hours=1))
+    telemetry(job, start=last_complete_window(now) - timedelta(minutes=39), minutes=40, utilization=0.0)
+    client.force_login(cast.ann)
+    page = reverse("notebook", args=[job.pk])
+    assert "Keep it 60 min longer" in client.get(page).content.decode()
+    response = client.post(reverse("notebook-extend-idle", args=[job.pk]), {"next": page})
+    assert response.status_code == 302 and response["Location"] == page
+    body = client.get(page).content.decode()
+    assert "Extended by its owner until" in body and "Keep it 60 min longer" not in body
+
+
+def test_a_teammate_is_not_offered_the_extension(client, cast):
+    node = Gpu.objects.first().node
+    job = running_job(
+        team=cast.org.team_a, user=cast.ann, node=node, kind=JobKind.NOTEBOOK, start=_now_mid_minute() - timedelta(hours=1)
+    )
+    client.force_login(cast.lea)  # the team's lead may stop it, not extend it
+    body = client.get(reverse("notebook", args=[job.pk])).content.decode()
+    assert "Stop notebook" in body and "Keep it" not in body
+
+
+def test_a_notebook_the_reaper_stopped_reads_stopped_not_cancelled(client, cast):
+    job = make_job(
+        team=cast.org.team_a, user=cast.ann, kind=JobKind.NOTEBOOK, state=JobState.CANCELLED, stop_reason="IDLE_TIMEOUT"
+    )
+    client.force_login(cast.ann)
+    body = client.get(reverse("notebook", args=[job.pk])).content.decode()
+    assert re.search(r'id="job-state">Stopped \(idle\)<', body) and "Stopped by the idle reaper" in body
+    assert "Stopped (idle)" in client.get(reverse("notebooks")).content.decode()
 
 
 def test_a_busy_kernel_and_gpu_say_so(client, cast):

@@ -8,6 +8,7 @@ from django.test import Client
 from django.urls import reverse
 
 from tenants.models import AuditEntry, OrgUnit, Quota, UnitKind
+from tests.factories import make_job
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
 
@@ -133,3 +134,30 @@ def test_saved_cell_still_says_what_the_children_hold(client, cast):
     client.force_login(cast.oli)
     body = _edit(client, cast.org.dept, 30, **HTMX).content.decode()
     assert "Saved" in body and "children hold 24" in body
+
+
+def test_history_says_no_limit_rather_than_none(client, cast):
+    client.force_login(cast.cat)
+    _edit(client, cast.org.team_c, 4, limit="")  # limit 16 -> no limit
+    _edit(client, cast.org.team_c, 4, limit=12)  # no limit -> 12
+    history = client.get(reverse("quota-history")).content.decode()
+    assert "limit 16 → no limit" in history and "limit no limit → 12" in history
+    assert "None" not in history
+
+
+def test_quota_editor_shows_what_each_unit_uses_now(client, cast):
+    from scheduling.models import Allocation, Gpu, Task
+
+    job = make_job(team=cast.org.team_a, user=cast.ann, state="RUNNING", replicas=1, gpus_per_replica=3)
+    gpus = list(Gpu.objects.order_by("node__name", "index")[:3])
+    task = Task.objects.create(job=job, attempt=1, rank=0, node=gpus[0].node, state="RUNNING")
+    for gpu in gpus:
+        Allocation.objects.create(gpu=gpu, task=task, job=job, attempt=1)
+    client.force_login(cast.oli)
+    body = client.get(reverse("quotas")).content.decode()
+    cell = body[body.index(f'id="q-{cast.org.team_a.pk}-H100"') :]
+    assert 'data-in-use="3"' in cell[: cell.index("</td>")]
+    dept = body[body.index(f'id="q-{cast.org.dept.pk}-H100"') :]
+    assert 'data-in-use="3"' in dept[: dept.index("</td>")]  # a department holds what its teams hold
+    team_b = body[body.index(f'id="q-{cast.org.team_b.pk}-H100"') :]
+    assert 'data-in-use="0"' in team_b[: team_b.index("</td>")]

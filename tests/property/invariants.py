@@ -1,8 +1,10 @@
 """Checks every plan must pass, shared by the property and the stateful tests."""
 
+import math
 from collections import Counter
+from collections.abc import Iterable
 
-from scheduling.core.types import Plan, Snapshot, Tier
+from scheduling.core.types import LeafLocality, Plan, Snapshot, Tier
 
 
 def held_by_unit(snap: Snapshot, extra: dict[str, int] | None = None) -> Counter[tuple[str, str]]:
@@ -24,6 +26,13 @@ def held_by_unit(snap: Snapshot, extra: dict[str, int] | None = None) -> Counter
     for job_id, n in (extra or {}).items():
         add(pending[job_id].team, pending[job_id].gpu_type, n)
     return held
+
+
+def in_one_fabric(snap: Snapshot, node_names: Iterable[str]) -> bool:
+    """One node, or nodes all of one (named) fabric domain."""
+    fabric = {n.name: n.fabric for n in snap.topology.nodes}
+    names = set(node_names)
+    return len(names) == 1 or (len({fabric[n] for n in names}) == 1 and fabric[next(iter(names))] != "")
 
 
 def leaf_room(snap: Snapshot, gpu_type: str, per_replica: int) -> int:
@@ -57,8 +66,37 @@ def check_plan(snap: Snapshot, result: Plan, now: float) -> None:
             assert nodes[node_name].schedulable and nodes[node_name].gpu_type == job.gpu_type
         assert p.leaves == len({nodes[n].leaf for n in p.nodes})
         assert p.spines == len({nodes[n].spine for n in p.nodes})
-        if p.leaves > 1 and now - job.submit_time < snap.config.leaf_wait_s:
+        # A gang that waits for one leaf whatever the wait costs (``auto`` weighs it: locality.py).
+        must_wait = job.locality == LeafLocality.REQUIRED or (
+            job.locality == LeafLocality.AUTO and snap.config.span_slowdown == math.inf
+        )
+        if p.leaves > 1 and now - job.submit_time < snap.config.leaf_wait_s and must_wait:
             assert job.replicas > leaf_room(snap, job.gpu_type, job.gpus_per_replica), "a gang that fits one leaf spans leaves"
+        if job.one_fabric:
+            assert in_one_fabric(snap, p.nodes), f"one-fabric job {p.job_id} placed on {p.nodes}"
+
+    # No node given more cores or memory than it has: what its running replicas hold plus what this
+    # plan places there (a node that does not say its cores or memory is not held to them).
+    cores_used: Counter[str] = Counter()
+    memory_used: Counter[str] = Counter()
+    placed_on: Counter[str] = Counter()
+    for j in snap.running:
+        for replica in j.replicas:
+            if replica:
+                cores_used[gpu_node[replica[0]].name] += j.cpus_per_replica
+                memory_used[gpu_node[replica[0]].name] += j.memory_mb_per_replica
+    for p in result.placements:
+        job = pending[p.job_id]
+        for node_name in p.nodes:
+            cores_used[node_name] += job.cpus_per_replica
+            memory_used[node_name] += job.memory_mb_per_replica
+            placed_on[node_name] += job.cpus_per_replica + job.memory_mb_per_replica
+    for name in placed_on:
+        n = nodes[name]
+        if placed_on[name] and n.cpus:
+            assert cores_used[name] <= n.cpus, f"node {name} given {cores_used[name]} of {n.cpus} cores"
+        if placed_on[name] and n.memory_mb:
+            assert memory_used[name] <= n.memory_mb, f"node {name} given {memory_used[name]} of {n.memory_mb} MiB"
 
     # Every pending job placed or explained, not both.
     placed_ids = {p.job_id for p in result.placements}
@@ -73,21 +111,30 @@ def check_plan(snap: Snapshot, result: Plan, now: float) -> None:
             key = (u.name, gpu_type)
             assert after[key] <= max(limit, before[key]), f"{u.name} above its {gpu_type} limit"
 
-    # Tier 1 only within guarantee (Tier 1 goes first, so its placements alone must fit in it).
+    # Tier 1 only within guarantee: the team's Tier 1 work, running and placed, fits in it (the guarantee
+    # is claimed in tier order, so the team's Tier 2/3 work does not count against it).
     guaranteed = {u.name: u.guaranteed for u in snap.quotas}
-    tier1 = {p.job_id: pending[p.job_id].gpu_count for p in result.placements if pending[p.job_id].tier == Tier.PRODUCTION}
-    with_tier1 = held_by_unit(snap, tier1)
-    for job_id in tier1:
-        key = (pending[job_id].team, pending[job_id].gpu_type)
-        assert with_tier1[key] <= guaranteed[key[0]].get(key[1], 0), "Tier 1 beyond guarantee"
+    tier1_held: Counter[tuple[str, str]] = Counter()
+    for j in snap.running:
+        if j.tier == Tier.PRODUCTION:
+            tier1_held[(j.team, j.gpu_type)] += j.gpu_count
+    for p in result.placements:
+        if pending[p.job_id].tier == Tier.PRODUCTION:
+            tier1_held[(pending[p.job_id].team, pending[p.job_id].gpu_type)] += pending[p.job_id].gpu_count
+    for p in result.placements:
+        job = pending[p.job_id]
+        if job.tier == Tier.PRODUCTION:
+            key = (job.team, job.gpu_type)
+            assert tier1_held[key] <= guaranteed[job.team].get(job.gpu_type, 0), "Tier 1 beyond guarantee"
 
-    # Victims: never Tier 1, never terminating, never younger than min_runtime_s; each once.
+    # Victims: never Tier 1, never terminating, never younger than min_runtime_s (unless started at risk
+    # on reserved GPUs: atrisk.py); each once.
     victims = [pr.job_id for pr in result.preemptions]
     assert len(victims) == len(set(victims))
     for job_id in victims:
         job = running[job_id]
         assert job.tier != Tier.PRODUCTION and not job.terminating
-        assert now - job.start >= snap.config.min_runtime_s
+        assert now - job.start >= snap.config.min_runtime_s or job.at_risk
 
     # Reservations hold GPUs nobody is placed on, unless that job ends before the reservation starts;
     # and every reserved GPU is free by the reservation's start.
@@ -95,15 +142,19 @@ def check_plan(snap: Snapshot, result: Plan, now: float) -> None:
     for v in victims:
         ends[v] = min(ends[v], now + snap.config.grace_period_s)
     for j in snap.running:
-        if j.terminating:
+        if j.terminating or (j.at_risk and j.tier != Tier.PRODUCTION):  # at risk: goes when a reservation needs it
             ends[j.job_id] = min(ends[j.job_id], now + snap.config.grace_period_s)
     holder = {g: j.job_id for j in snap.running for r in j.replicas for g in r}
     for res in result.reservations:
         for p in result.placements:
-            if set(res.gpus) & {g for r in p.replicas for g in r}:
+            if set(res.gpus) & {g for r in p.replicas for g in r} and not p.at_risk:
                 assert now + pending[p.job_id].time_limit <= res.earliest_start, "backfill delays a reservation"
         for g in res.gpus:
             if g in holder:
                 assert max(ends[holder[g]], now) <= res.earliest_start + 1e-6, "reserved GPU busy past the start"
     reserved = [g for res in result.reservations for g in res.gpus]
     assert len(reserved) == len(set(reserved)), "a GPU in two reservations"
+    # A reservation (backfill's or a reclaim's) for a one-fabric job holds GPUs of one fabric domain.
+    for res in result.reservations:
+        if res.job_id in pending and pending[res.job_id].one_fabric and res.gpus:
+            assert in_one_fabric(snap, [gpu_node[g].name for g in res.gpus]), f"one-fabric reservation {res}"

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from scheduling.core.testing import cluster, merge
 from scheduling.core.types import (
     Config,
+    LeafLocality,
     Node,
     PendingJob,
     QuotaUnit,
@@ -34,9 +35,44 @@ def topologies(draw: st.DrawFn) -> Topology:
         parts.append(cluster(nodes_per_leaf=draw(st.integers(1, 3)), gpu_type="A100", prefix="a"))
     topo = merge(*parts)
     down = draw(st.sets(st.sampled_from([n.name for n in topo.nodes]), max_size=2))
+    # Often nodes say their cores and memory (some, or all), so that they bind; sometimes none do.
+    sized = draw(st.sampled_from(["none", "all", "some"]))
+    cores = draw(st.sampled_from([8, 32, 112]))
+    memory = draw(st.sampled_from([64 * 1024, 1024 * 1024]))
+
+    def says(name: str) -> bool:
+        return sized == "all" or (sized == "some" and int(name[-1]) % 2 == 0)
+
+    # Sometimes multi-node NVLink domains: consecutive nodes of a leaf in groups (0: none).
+    group = draw(st.sampled_from([0, 0, 2, 3]))
+    fabric: dict[str, str] = {}
+    if group:
+        at: dict[str, int] = {}
+        for n in topo.nodes:
+            i = at[n.leaf] = at.get(n.leaf, -1) + 1
+            fabric[n.name] = f"{n.leaf}/nvl{i // group}"
+
     return Topology(
-        nodes=tuple(Node(n.name, n.leaf, n.spine, n.gpu_type, n.gpus, schedulable=n.name not in down) for n in topo.nodes)
+        nodes=tuple(
+            Node(
+                n.name,
+                n.leaf,
+                n.spine,
+                n.gpu_type,
+                n.gpus,
+                schedulable=n.name not in down,
+                cpus=cores if says(n.name) else 0,
+                memory_mb=memory if says(n.name) else 0,
+                fabric=fabric.get(n.name, ""),
+            )
+            for n in topo.nodes
+        )
     )
+
+
+# Per replica: mostly nothing or a little, sometimes a lot (more than a node's share for its GPUs).
+asks_cpus = st.sampled_from([0, 0, 1, 4, 16, 48])
+asks_memory = st.sampled_from([0, 0, 1024, 16 * 1024, 48 * 1024])
 
 
 @st.composite
@@ -68,18 +104,26 @@ def running_jobs(draw: st.DrawFn, topo: Topology, count: int) -> tuple[RunningJo
     """Running gangs on disjoint GPUs: each replica on the free GPUs of one node."""
     free = {n.name: [g.id for g in n.gpus] for n in topo.nodes}
     types = {n.name: n.gpu_type for n in topo.nodes}
+    # Cores and memory left on each node (unbounded where the node does not say): running work fits.
+    cores = {n.name: n.cpus or math.inf for n in topo.nodes}
+    memory = {n.name: n.memory_mb or math.inf for n in topo.nodes}
     out = []
     for i in range(count):
         replicas, per = draw(shapes)
+        c, m = draw(asks_cpus), draw(asks_memory)
         gpu_type = draw(st.sampled_from(sorted(set(types.values()))))
         reps = []
         for _ in range(replicas):
-            fitting = sorted(n for n, ids in free.items() if len(ids) >= per and types[n] == gpu_type)
+            fitting = sorted(
+                n for n, ids in free.items() if len(ids) >= per and types[n] == gpu_type and cores[n] >= c and memory[n] >= m
+            )
             if not fitting:
                 break
             node_name = draw(st.sampled_from(fitting))
             reps.append(tuple(free[node_name][:per]))
             free[node_name] = free[node_name][per:]
+            cores[node_name] -= c
+            memory[node_name] -= m
         if not reps:
             continue
         start = draw(st.floats(NOW - 50_000, NOW))
@@ -94,6 +138,9 @@ def running_jobs(draw: st.DrawFn, topo: Topology, count: int) -> tuple[RunningJo
                 time_limit=draw(st.floats(60, 100_000)),
                 last_checkpoint=draw(st.none() | st.floats(start, NOW)),
                 terminating=draw(st.booleans()) and draw(st.booleans()),
+                at_risk=draw(st.booleans()) and draw(st.booleans()),
+                cpus_per_replica=c,
+                memory_mb_per_replica=m,
             )
         )
     return tuple(out)
@@ -111,6 +158,10 @@ def pending_job(job_id: str, draw: st.DrawFn) -> PendingJob:
         submit_time=draw(st.floats(0, NOW)),
         time_limit=draw(st.floats(60, 100_000)),
         priority=draw(st.integers(0, 2)),
+        locality=draw(st.sampled_from([LeafLocality.AUTO, LeafLocality.AUTO, LeafLocality.REQUIRED, LeafLocality.PREFERRED])),
+        cpus_per_replica=draw(asks_cpus),
+        memory_mb_per_replica=draw(asks_memory),
+        one_fabric=draw(st.booleans()) and draw(st.booleans()),
     )
 
 
@@ -125,5 +176,7 @@ def snapshots(draw: st.DrawFn) -> Snapshot:
         preemption=draw(st.booleans()) or draw(st.booleans()),
         # Mostly the strict default; sometimes a bound, so that both sides of it are exercised.
         leaf_wait_s=draw(st.sampled_from([math.inf, math.inf, 0.0, 50_000.0])),
+        span_slowdown=draw(st.sampled_from([0.25, 0.25, math.inf, 0.0])),
+        backfill_at_risk=draw(st.booleans()),
     )
     return Snapshot(topo, busy, waiting, draw(quota_trees()), config)

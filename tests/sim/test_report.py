@@ -40,6 +40,8 @@ def test_cli_prints_one_row_per_policy_and_writes_plots(tmp_path: Path, capsys: 
         "fifo,easy-backfill",
         "--time-limits",
         "oracle",
+        "--gang-heavy-nodes",
+        "0",
         "--out",
         str(tmp_path),
     ]

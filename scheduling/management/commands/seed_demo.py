@@ -12,7 +12,9 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
+from django.utils import timezone
 
+from scheduling.management.commands.demo_history import seed_history
 from scheduling.models import EnrolmentToken, Gpu, Leaf, Node, NodeState, Spine
 from tenants.models import OrgUnit, Role, UnitKind, hash_token
 from tenants.services import membership_set, quota_set, unit_create
@@ -143,6 +145,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--agent-tokens", help="Write per-node agent tokens to this JSON file (for the demo fleet)")
+        parser.add_argument("--no-history", action="store_true", help="Skip the month of past jobs and telemetry")
 
     def handle(self, *args: Any, **opts: Any) -> None:
         if OrgUnit.objects.filter(kind=UnitKind.ROOT).exists():
@@ -150,7 +153,10 @@ class Command(BaseCommand):
         else:
             with transaction.atomic():
                 self._seed()
+                counts = {} if opts.get("no_history") else seed_history(now=timezone.now())
             self.stdout.write(self.style.SUCCESS("Seeded the demo org, users and cluster."))
+            if counts:
+                self.stdout.write("A month of history: " + ", ".join(f"{n:,} {what}" for what, n in counts.items()))
         if opts.get("agent_tokens"):
             self._write_agent_tokens(Path(opts["agent_tokens"]))
         self.stdout.write(f"Demo logins (password for all: {DEMO_PASSWORD}):")

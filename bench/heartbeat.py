@@ -1,0 +1,277 @@
+"""The heartbeat path under a full fleet: 1,000 nodes (8 GPUs, 8 running tasks each) at the default interval.
+
+    python bench/heartbeat.py                  # 1,000 agents, 90 s
+    python bench/heartbeat.py --agents 2000    # twice the supported fleet
+    python bench/heartbeat.py --quick          # 200 agents, 30 s
+
+The server side is the real thing (bench/stack.py): gunicorn 2 workers x 4 threads, PostgreSQL, Redis,
+a Celery worker and beat running scheduling cycles and liveness checks throughout. The cluster is made
+in the database: N nodes with their tokens, 8 one-GPU jobs RUNNING on each, and a queue of pending jobs
+so every cycle has real work. The agents are light clients (the agent's own heartbeat builder,
+nodeagent.heartbeat, over simulated GPUs, so the bodies are exactly what agents send, with telemetry
+folded into minute windows), each on its own schedule at the default 10 s interval, a connection per
+heartbeat as the agent's urllib client makes. It prints latency (p50/p99 as the clients saw it), the web tier's CPU per heartbeat
+(utime + stime of the gunicorn processes over the run, divided by the heartbeats served), PostgreSQL's
+CPU beside it, SQL statements per heartbeat (counted by the server: YARD_QUERY_COUNT_HEADER), and what
+the liveness checks did meanwhile (nodes NOT_READY or DOWN, jobs requeued).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import math
+import multiprocessing
+import random
+import re
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.stack import Stack, cpu_seconds, pct
+from nodeagent.heartbeat import Telemetry
+from nodeagent.simgpu import SimulatedGpus, gpus_from_spec
+
+INTERVAL_S = 10.0
+
+
+class SimAgent:
+    def __init__(self, name: str, token: str, tasks: list[tuple[int, int]], started_at: float) -> None:
+        self.name, self.token = name, token
+        self.telemetry = Telemetry(SimulatedGpus(gpus_from_spec("8xH100", node=name)), where=name)
+        self.tasks = [
+            {"task_id": t, "attempt": 1, "state": "running", "pid": 10_000 + t, "started_at": started_at,
+             "checkpoint_time": None, "notebook": None}
+            for t, _ in tasks
+        ]  # fmt: skip
+
+    def body(self, now: float) -> tuple[dict[str, object], tuple[dict[int, int], int, bool]]:
+        self.telemetry.sample(now, {})
+        gpus, windows, xids, nwindows = self.telemetry.outgoing()
+        return {"gpus": gpus, "windows": windows, "tasks": self.tasks, "draining_reason": None}, (xids, nwindows, bool(gpus))
+
+
+class Driver(threading.Thread):
+    """Sends the heartbeats of its agents at their times, a connection each (as the agent does)."""
+
+    def __init__(self, port: int, agents: list[SimAgent], *, until: float, rng: random.Random) -> None:
+        super().__init__(daemon=True)
+        self.port, self.agents, self.until = port, agents, until
+        self.due = {a.name: time.monotonic() + rng.uniform(0, INTERVAL_S) for a in agents}
+        self.latencies: list[float] = []
+        self.queries: list[int] = []
+        self.errors: dict[str, int] = {}
+        self.late: list[float] = []  # how far behind its schedule each heartbeat went out
+
+    def run(self) -> None:
+        by_name = {a.name: a for a in self.agents}
+        while True:
+            name, due = min(self.due.items(), key=lambda kv: kv[1])
+            now = time.monotonic()
+            if due > self.until:
+                break
+            if due > now:
+                time.sleep(due - now)
+            agent = by_name[name]
+            body, ack = agent.body(time.time())
+            payload = json.dumps(body, separators=(",", ":"))
+            began = time.monotonic()
+            self.late.append(began - due)
+            headers = {"Authorization": f"Bearer {agent.token}", "Content-Type": "application/json"}
+            response = None
+            # A connection per heartbeat, as the agent's client (urllib) makes: the server spreads them over
+            # its workers as they come, which keep-alive connections pinned to one worker would not.
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+            try:
+                conn.request("POST", "/api/agent/v1/heartbeat", body=payload, headers={**headers, "Connection": "close"})
+                response = conn.getresponse()
+                response.read()
+            except (OSError, http.client.HTTPException) as exc:
+                self.errors[type(exc).__name__] = self.errors.get(type(exc).__name__, 0) + 1
+            finally:
+                conn.close()
+            if response is None:
+                self.due[name] = due + INTERVAL_S
+                continue
+            self.latencies.append(time.monotonic() - began)
+            if response.status == 200:
+                agent.telemetry.acknowledged(sent_xids=ack[0], windows=ack[1], latest=ack[2])
+                self.queries.append(int(response.getheader("X-Yard-Queries") or 0))
+            else:
+                self.errors[str(response.status)] = self.errors.get(str(response.status), 0) + 1
+            self.due[name] = due + INTERVAL_S
+
+
+SETUP = """
+import json, secrets
+from datetime import timedelta
+from django.utils import timezone
+from scheduling.models import Allocation, Gpu, Job, JobEvent, Node, NodeState, Task
+from scheduling.states import JobState, TaskState
+from tenants.models import OrgUnit, hash_token
+from tests.factories import build_cluster
+from django.contrib.auth.models import User
+N = {nodes}
+nodes = build_cluster(spines=max(1, N // 128), leaves_per_spine=4, layout=(("H100", N),), state=NodeState.READY)
+team = OrgUnit.objects.get(slug="bench"); user = User.objects.get(username="bencher")
+now = timezone.now(); started = now - timedelta(minutes=30)
+tokens = {{}}
+for node in nodes:
+    raw = "ynd_" + secrets.token_urlsafe(30)
+    tokens[node.name] = raw
+    Node.objects.filter(pk=node.pk).update(token_hash=hash_token(raw), last_heartbeat=now)
+jobs = Job.objects.bulk_create(
+    Job(name="steady", team=team, user=user, gpu_type="H100", command="sleep 1d", state=JobState.RUNNING,
+        started_at=started, state_changed_at=started, time_limit_s=86400 * 3, locality="nvlink")
+    for _ in range(N * 8)
+)
+gpus = list(Gpu.objects.order_by("node_id", "index").values_list("id", "node_id", "index"))
+tasks = Task.objects.bulk_create(
+    Task(job=job, attempt=1, rank=0, node_id=node_id, state=TaskState.RUNNING, master_addr="10.0.0.1",
+         master_port=29500 + index, gpu_indices=[index], started_at=started, pid=10000 + i)
+    for i, (job, (gpu_id, node_id, index)) in enumerate(zip(jobs, gpus))
+)
+Allocation.objects.bulk_create(
+    Allocation(gpu_id=gpu_id, task=task, job=task.job, attempt=1, allocated_at=started)
+    for task, (gpu_id, node_id, index) in zip(tasks, gpus)
+)
+Job.objects.bulk_create(
+    Job(name="queued", team=team, user=user, gpu_type="H100", replicas=r, gpus_per_replica=g, command="true")
+    for r, g in [(1, 1), (1, 8), (2, 8), (4, 8)] * {pending}
+)
+by_node = {{}}
+for task_id, node_name, job_id in Task.objects.values_list("id", "node__name", "job_id"):
+    by_node.setdefault(node_name, []).append((task_id, job_id))
+print(json.dumps({{"tokens": tokens, "tasks": by_node}}))
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--agents", type=int, default=1000)
+    parser.add_argument("--seconds", type=float, default=90)
+    parser.add_argument("--drivers", type=int, default=100, help="client threads")
+    parser.add_argument("--processes", type=int, default=4, help="client processes the drivers are spread over")
+    parser.add_argument(
+        "--node-down", type=float, default=90.0,
+        help="the portal's node-down timeout for the run (short, so that a run of a few minutes would see a node "
+        "wrongly declared lost; NOT_READY is a third of it)",
+    )  # fmt: skip
+    parser.add_argument("--web-workers", type=int, default=2)
+    parser.add_argument("--web-threads", type=int, default=4)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.quick:
+        args.agents, args.seconds, args.drivers, args.processes = 200, 30, 8, 2
+    stack = Stack(
+        nodes=args.agents,
+        agents=False,
+        web_workers=args.web_workers,
+        web_threads=args.web_threads,
+        extra_env={
+            "YARD_QUERY_COUNT_HEADER": "1",
+            "YARD_ACCESS_LOG_SLOW_S": "0",
+            "YARD_NODE_DOWN_S": str(args.node_down),
+            "YARD_NODE_NOT_READY_S": str(args.node_down / 3),
+            "YARD_AGENT_STOP_AFTER_S": str(args.node_down / 3),
+            "YARD_AGENT_FENCE_AFTER_S": str(args.node_down / 4),
+            "YARD_AGENT_MAX_GRACE_S": "5",
+        },
+    )
+    with stack:
+        began = time.monotonic()
+        made = json.loads(stack.django(SETUP.format(nodes=args.agents, pending=125)).strip().splitlines()[-1])
+        print(f"setup: {args.agents} nodes, {args.agents * 8} running one-GPU tasks, 500 queued jobs in "
+              f"{time.monotonic() - began:.0f} s")  # fmt: skip
+        started_at = time.time() - 1800
+        agents = [
+            SimAgent(name, token, made["tasks"].get(name, []), started_at) for name, token in sorted(made["tokens"].items())
+        ]
+        until_in = args.seconds
+        web = stack.web_pids()
+        pg_before = _pg_cpu(stack)
+        cpu_before = cpu_seconds(web)
+        log_before = (stack.tmp / "web.log").stat().st_size
+        t0 = time.monotonic()
+        # The clients in several processes (threads of one would starve on its own interpreter lock).
+        slices = [agents[i :: args.processes] for i in range(args.processes)]
+        ctx = multiprocessing.get_context("fork")
+        with ctx.Pool(args.processes) as pool:
+            results = pool.starmap(
+                _drive, [(stack.port, part, until_in, args.drivers // args.processes, seed) for seed, part in enumerate(slices)]
+            )
+        wall = time.monotonic() - t0
+        cpu = cpu_seconds(web) - cpu_before
+        pg = _pg_cpu(stack) - pg_before
+        lat = [x for r in results for x in r["latencies"]]
+        queries = [q for r in results for q in r["queries"]]
+        late = [x for r in results for x in r["late"]]
+        errors: dict[str, int] = {}
+        for r in results:
+            for k, v in r["errors"].items():
+                errors[k] = errors.get(k, 0) + v
+        server = _server_times(stack.tmp / "web.log", log_before)
+        served = len(queries)
+        print(f"web tier: gunicorn {args.web_workers} workers x {args.web_threads} threads")
+        print(f"heartbeats: {args.agents} agents at {INTERVAL_S:.0f} s for {wall:.0f} s: {served} answered 200 "
+              f"({served / wall:.1f}/s), errors {errors or 'none'}")  # fmt: skip
+        print(f"latency as the agents saw it: p50 {1000 * pct(lat, 50):.1f} ms, p99 {1000 * pct(lat, 99):.1f} ms, "
+              f"max {1000 * max(lat or [0]):.0f} ms; sent late by p99 {1000 * pct(late, 99):.0f} ms (client load)")  # fmt: skip
+        print(f"time in the server (gunicorn's request time): p50 {pct(server, 50):.1f} ms, p99 {pct(server, 99):.1f} ms")
+        print(f"web tier CPU: {1000 * cpu / max(served, 1):.2f} ms per heartbeat ({cpu:.1f} s over {wall:.0f} s, "
+              f"{100 * cpu / wall:.0f} % of one core); PostgreSQL backends {1000 * pg / max(served, 1):.2f} ms per heartbeat")  # fmt: skip
+        if queries:
+            print(f"SQL statements per heartbeat: median {sorted(queries)[len(queries) // 2]}, max {max(queries)} "
+                  f"(telemetry once a minute per node)")  # fmt: skip
+        cycles = stack.cycles()
+        if cycles:
+            print(f"cycles meanwhile: {len(cycles)}, each p50 {pct([c['total'] for c in cycles], 50):.2f} s, "
+                  f"max {max(c['total'] for c in cycles):.2f} s")  # fmt: skip
+        states = dict(stack.sql("SELECT state, count(*) FROM scheduling_node GROUP BY 1"))
+        lost = stack.lost()
+        print(
+            f"liveness meanwhile (node-down {args.node_down:.0f} s): nodes {states}; {lost['lost']} jobs lost, "
+            f"{lost['requeued']} requeued; {stack.sql('SELECT count(*) FROM scheduling_blindspell')[0][0]} blind spells"
+        )
+
+
+def _drive(port: int, agents: list[SimAgent], seconds: float, threads: int, seed: int) -> dict[str, object]:
+    rng = random.Random(seed)
+    until = time.monotonic() + seconds
+    per = math.ceil(len(agents) / max(threads, 1))
+    drivers = [Driver(port, agents[i : i + per], until=until, rng=rng) for i in range(0, len(agents), per)]
+    for d in drivers:
+        d.start()
+    for d in drivers:
+        d.join()
+    errors: dict[str, int] = {}
+    for d in drivers:
+        for k, v in d.errors.items():
+            errors[k] = errors.get(k, 0) + v
+    return {
+        "latencies": [x for d in drivers for x in d.latencies],
+        "queries": [q for d in drivers for q in d.queries],
+        "late": [x for d in drivers for x in d.late],
+        "errors": errors,
+    }
+
+
+def _server_times(log: Path, since: int) -> list[float]:
+    """Milliseconds gunicorn spent on each heartbeat (its access log, every agent request logged for the bench)."""
+    with open(log, "rb") as handle:
+        handle.seek(since)
+        text = handle.read().decode(errors="replace")
+    return [float(m) for m in re.findall(r'"POST /api/agent/v1/heartbeat HTTP/1.1" 200 \d+ (\d+)ms', text)]
+
+
+def _pg_cpu(stack: Stack) -> float:
+    pids = {int(p) for (p,) in stack.sql("SELECT pid FROM pg_stat_activity WHERE datname = %s", (stack.db,))}
+    return cpu_seconds(pids)
+
+
+if __name__ == "__main__":
+    main()

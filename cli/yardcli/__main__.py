@@ -1,0 +1,3 @@
+from yardcli.main import cli
+
+cli()

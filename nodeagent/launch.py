@@ -1,0 +1,324 @@
+"""Launch and supervision: starting a task's process group, watching it, recording how it ended.
+
+A (task, attempt) is written to the journal before its process is forked, so an agent that dies
+right after the fork finds the process by its launch id instead of starting it twice. The workload's
+own exit status comes from the launcher's wrapper (nodeagent/launcher.py), so a restarted agent, no
+longer its parent, still learns it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nodeagent import cgroups, launcher, notebook
+from nodeagent.config import DEFAULT_GRACE_S, MAX_ORDERED_GRACE_S
+from nodeagent.journal import TaskRecord
+
+if TYPE_CHECKING:
+    from nodeagent.agent import Agent
+
+
+class AgentFatal(Exception):
+    """The agent cannot go on (refused enrolment, name taken…); the message is for the operator."""
+
+
+def read_fence_marker(record: TaskRecord) -> dict[str, Any] | None:
+    """What the watchdog wrote when it stopped the task ({"reason", "sigterm_at", "sigkill_at"}), or None."""
+    try:
+        data = json.loads(record.fenced_marker.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else {}
+
+
+def spec_key(spec: dict[str, Any]) -> tuple[int, int]:
+    return int(spec["task_id"]), int(spec["attempt"])
+
+
+def grace(value: Any, *, default: float) -> float:
+    """The spec's grace period (0 is a valid one), as the portal ordered it (bounded against nonsense).
+
+    A long grace cannot break the liveness arithmetic: while the portal answers it knows the task is
+    stopping, and once the agent loses it stopping.check_liveness cuts every grace to max_grace_s.
+    """
+    return min(default if value is None else max(0.0, float(value)), MAX_ORDERED_GRACE_S)
+
+
+class Workloads:
+    """Starts tasks as process groups and follows them to their end."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.children: dict[tuple[int, int], subprocess.Popen[bytes]] = {}
+        # How tasks are held to their cores and memory (cgroup v2, else CPU affinity), decided once.
+        self.limiter = cgroups.Limiter.for_node(log=agent.log)
+        self.use = cgroups.UseMeter()
+
+    # -- launching -------------------------------------------------------------------------------------
+    def checkpoint_dir(self, spec: dict[str, Any]) -> Path:
+        raw = spec.get("checkpoint_dir")
+        path = Path(str(raw)) if raw else Path(f"job-{spec['job_id']}")
+        return path if path.is_absolute() else self.agent.state_dir / "checkpoints" / path
+
+    def open_task_dirs(self) -> None:
+        """Task owners must be able to reach their working directories (search permission on every
+        directory above them), and nothing more: the tasks and checkpoints folders are mode 0711."""
+        state_dir = self.agent.state_dir
+        folder = launcher.closed_to_others(state_dir)
+        if folder is not None:
+            raise AgentFatal(
+                f"--run-as-owner: task owners cannot reach {state_dir}, because {folder} is mode "
+                f"{folder.stat().st_mode & 0o777:o}; give it o+x (chmod o+x {folder}) or choose another --state-dir"
+            )
+        for name in ("tasks", "checkpoints"):
+            (state_dir / name).mkdir(exist_ok=True)
+            (state_dir / name).chmod(0o711)
+        if launcher.closed_to_others(Path(sys.executable)) is not None:
+            self.agent.log.warning(
+                "--run-as-owner: notebooks will fail: task owners cannot run this agent's Python (%s)", sys.executable
+            )
+
+    def owner_account(self, spec: dict[str, Any]) -> tuple[pwd.struct_passwd | None, str]:
+        """The local account of the task's owner, or None and what to do about it."""
+        owner = str(spec.get("user") or "")
+        if not owner:
+            return None, "the portal sent no owner for this task, and this agent runs tasks as their owners (--run-as-owner)"
+        try:
+            account = pwd.getpwnam(owner)
+        except KeyError:
+            return None, (
+                f"the job's owner {owner!r} has no local account on node {self.agent.config.name}: add the account "
+                "(LDAP/SSSD or useradd), or run the agent without --run-as-owner"
+            )
+        if account.pw_uid == 0:
+            return None, f"refusing to run a task as root (owner {owner!r} maps to uid 0)"
+        return account, ""
+
+    def hand_over(self, record: TaskRecord, account: pwd.struct_passwd) -> None:
+        """The owner gets its working directory and checkpoint directory (mode 0700: other accounts on
+        the node read neither) and the (simulated) utilisation file; the task directory itself, with
+        the log (0600: the task writes it through the descriptor it inherits) and the exit status,
+        stays the agent's."""
+        Path(record.workdir).chmod(0o711)
+        record.log_path.touch(mode=0o600)
+        record.log_path.chmod(0o600)
+        record.run_dir.mkdir(mode=0o700, exist_ok=True)
+        ids = (account.pw_uid, account.pw_gid)
+        if self.agent.gpus.simulated:
+            record.util_file.touch()
+            os.chown(record.util_file, *ids)
+        for path in (record.run_dir, Path(record.checkpoint_dir)):
+            os.chown(path, *ids)
+            path.chmod(0o700)
+
+    def task_env(self, spec: dict[str, Any], record: TaskRecord, account: pwd.struct_passwd | None = None) -> dict[str, str]:
+        config = self.agent.config
+        gpus = [int(i) for i in spec.get("gpus") or []]
+        env = {**os.environ, **{str(k): str(v) for k, v in (spec.get("env") or {}).items()}}
+        if account is not None:
+            env.update({"HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name})
+        # The agent's variables win over the spec's: a task must not widen its own GPUs.
+        # CUDA selects a MIG instance only by its UUID ("MIG-…"); when a task holds any, every device
+        # is named by UUID (a whole GPU's "GPU-…" is as good as its index), else by index as before.
+        by_index = {gpu.index: gpu for gpu in self.agent.gpus.gpus()}
+        mig = any(i in by_index and by_index[i].mig_profile for i in gpus)
+        visible = [by_index[i].uuid if mig and i in by_index else str(i) for i in gpus]
+        env.update(
+            {
+                "CUDA_VISIBLE_DEVICES": ",".join(visible),
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                "MASTER_ADDR": str(spec.get("master_addr") or config.address),
+                "MASTER_PORT": str(spec.get("master_port") or 29500),
+                "WORLD_SIZE": str(spec.get("world_size", 1)),
+                "RANK": str(spec.get("rank", 0)),
+                "NODE_RANK": str(spec.get("node_rank", spec.get("rank", 0))),
+                "LOCAL_RANK": str(spec.get("local_rank", 0)),
+                "YARD_JOB_ID": str(spec["job_id"]),
+                "YARD_TASK_ID": str(record.task_id),
+                "YARD_ATTEMPT": str(record.attempt),
+                "YARD_NUM_GPUS": str(len(gpus)),
+                "YARD_CHECKPOINT_DIR": record.checkpoint_dir,
+                "YARD_WORKDIR": str(record.run_dir),
+                "YARD_LAUNCH_ID": record.launch_id,
+            }
+        )
+        if self.agent.gpus.simulated:
+            env["YARD_SIM_UTIL_FILE"] = str(record.util_file)
+        return env
+
+    def launch(self, spec: dict[str, Any]) -> None:
+        agent = self.agent
+        task_id, attempt = spec_key(spec)
+        workdir = agent.state_dir / "tasks" / f"{task_id}-{attempt}"
+        time_limit = spec.get("time_limit_s")
+        record = TaskRecord(
+            task_id=task_id,
+            attempt=attempt,
+            job_id=int(spec["job_id"]),
+            kind=str(spec.get("kind") or "batch"),
+            launch_id=uuid.uuid4().hex,
+            workdir=str(workdir),
+            checkpoint_dir=str(self.checkpoint_dir(spec)),
+            time_limit_s=float(time_limit) if time_limit else None,
+            grace_s=grace(spec.get("grace_s"), default=DEFAULT_GRACE_S),
+            gpus=[int(i) for i in spec.get("gpus") or []],
+        )
+        command = str(spec.get("command") or "")
+        unknown = sorted(set(record.gpus) - {gpu.index for gpu in agent.gpus.gpus()})
+        if unknown:
+            self.launch_failed(record, f"this node has no GPU {unknown}")
+            return
+        account: pwd.struct_passwd | None = None
+        if agent.config.run_as_owner:
+            account, problem = self.owner_account(spec)
+            if account is None:
+                self.launch_failed(record, problem)
+                return
+            record.run_as = account.pw_name
+        try:
+            workdir.mkdir(parents=True, exist_ok=True)
+            Path(record.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            if account is not None:
+                self.hand_over(record, account)
+            env = self.task_env(spec, record, account)
+            if record.kind == "notebook":
+                closed = launcher.closed_to_others(Path(sys.executable)) if account is not None else None
+                if closed is not None:
+                    self.launch_failed(
+                        record,
+                        f"a notebook runs this agent's Python ({sys.executable}) as its owner, but {closed} is closed "
+                        "to other users: install the agent where every account can run it (e.g. /opt/yard-agent)",
+                    )
+                    return
+                record.notebook = notebook.plan_notebook(address=agent.config.address, env=env)
+                command = notebook.notebook_command(record.notebook, address=agent.config.address, root_dir=record.run_dir)
+                # Jupyter's runtime files (kernel connection files) per task, whatever the owner's home.
+                env["JUPYTER_RUNTIME_DIR"] = str(record.run_dir / ".jupyter-runtime")
+        except OSError as exc:
+            self.launch_failed(record, f"cannot prepare the task: {exc}")
+            return
+        # The watchdog must be there before the workload: it is what stops it should this agent die.
+        agent.watchdog.ensure()
+        # Journal first: should the agent die right after the fork, the restarted agent finds the
+        # process by its launch id instead of starting it a second time.
+        agent.records[record.key] = record
+        agent.save()
+        limits = cgroups.Limits.from_spec(spec)
+        try:
+            child = launcher.spawn(
+                command=command,
+                env=env,
+                cwd=record.run_dir,
+                log_path=record.log_path,
+                exit_file=record.exit_file,
+                owner=(account.pw_uid, account.pw_gid) if account is not None else None,
+                hold=limits.any,
+            )
+        except OSError as exc:
+            self.launch_failed(record, f"cannot start the task: {exc}")
+            return
+        try:
+            others = [r.pid for r in agent.records.values() if r.live and r.pid is not None and r.key != record.key]
+            held = self.limiter.apply(record.key, child.pid, limits, others=others)
+        except Exception:
+            # The process runs already: a bug in limiting must not leave it started and unrecorded.
+            agent.log.exception("task %s attempt %s: limiting it failed: it runs unlimited", task_id, attempt)
+            held = "unlimited"
+        finally:
+            launcher.release(child)  # limited or not, the workload starts now
+        self.children[record.key] = child
+        record.pid = child.pid
+        record.start_ticks = launcher.start_ticks(child.pid)
+        record.started_at = agent.clock()
+        record.state = "running"
+        agent.save()
+        agent.heartbeats.soon()  # the portal records the start with the next heartbeat
+        agent.log.info("started task %s attempt %s (pid %s) on GPUs %s, %s", task_id, attempt, child.pid, record.gpus, held)
+
+    def launch_failed(self, record: TaskRecord, message: str) -> None:
+        """The failure goes into the task's log, so the user sees it in the portal."""
+        agent = self.agent
+        agent.log.error("task %s attempt %s: %s", record.task_id, record.attempt, message)
+        agent.records[record.key] = record
+        try:
+            Path(record.workdir).mkdir(parents=True, exist_ok=True)
+            with open(record.log_path, "a") as handle:
+                handle.write(f"yard-agent: {message}\n")
+        except OSError:
+            pass
+        record.started_at = agent.clock()
+        self.finish(record, None)
+        agent.heartbeats.soon()
+
+    # -- supervision -----------------------------------------------------------------------------------
+    def leader_status(self, record: TaskRecord) -> tuple[bool, int | None]:
+        """(has the leader exited, its status if known)."""
+        child = self.children.get(record.key)
+        if child is not None:
+            status = child.poll()
+            return status is not None, status
+        assert record.pid is not None
+        if launcher.process_alive(record.pid, record.start_ticks):
+            return False, None
+        return True, launcher.read_exit_file(record.exit_file)
+
+    def supervise(self) -> None:
+        agent = self.agent
+        for record in list(agent.records.values()):
+            if record.pid is None or record.state not in ("running", "stopping"):
+                continue
+            exited, status = self.leader_status(record)
+            now = agent.clock()
+            if record.state == "running":
+                if exited:
+                    # Whatever the workload left behind in its group goes with it.
+                    launcher.signal_group(record.pid, signal.SIGKILL)
+                    self.finish(record, status)
+                elif record.time_limit_s and record.started_at and now - record.started_at > record.time_limit_s:
+                    agent.stopping.request_stop(record, cause="time_limit", grace_s=record.grace_s, reason="time limit")
+                continue
+            if exited and not launcher.group_alive(record.pid):
+                self.finish(record, status)
+            else:
+                agent.stopping.escalate(record, now)
+        self.limiter.sweep()
+
+    def finish(self, record: TaskRecord, status: int | None) -> None:
+        agent = self.agent
+        if record.stop_cause is None and (fenced := read_fence_marker(record)) is not None:
+            # The node's watchdog stopped it while no agent was watching: its agent was gone too long.
+            record.stop_cause = "agent_lost"
+            record.sigterm_at = fenced.get("sigterm_at") or agent.clock()
+            record.sigkill_at = fenced.get("sigkill_at")
+        exit_code, signum = launcher.decode_status(status)
+        if status is None and record.sigkill_at is not None:
+            signum = int(signal.SIGKILL)  # killed wrapper and all: it could not record a status
+        record.exit_code, record.signal = exit_code, signum
+        if record.sigterm_at is not None:
+            record.stopped_by = "sigkill" if record.sigkill_at is not None else "sigterm"
+        record.state = "exited"
+        record.ended_at = agent.clock()
+        self.children.pop(record.key, None)
+        if (note := self.limiter.release(record.key)) is not None:
+            agent.log.warning("task %s attempt %s: %s", record.task_id, record.attempt, note)
+            with contextlib.suppress(OSError), open(record.log_path, "a") as handle:
+                handle.write(note + "\n")
+        agent.save()
+        agent.heartbeats.soon()
+        agent.log.info(
+            "task %s attempt %s ended: exit %s signal %s stopped_by %s",
+            record.task_id,
+            record.attempt,
+            exit_code,
+            signum,
+            record.stopped_by,
+        )

@@ -1,0 +1,105 @@
+"""Stopping: SIGTERM, the grace the order asks for, SIGKILL; fencing; agent-side liveness; stuck groups.
+
+Every stop goes through ``request_stop``: a stop the portal ordered (preemption, cancel, idle reaping),
+a time limit, fencing (the portal no longer assigns the task here: a short grace), and agent-side
+liveness (``check_liveness``: the portal has not accepted a heartbeat for ``stop_after_s``, counted as
+the portal counts it — nodeagent/link.py). A later, more urgent stop may only shorten a grace.
+
+The timings fit the portal's (docs/agent-api.md): a node's work is gone before the portal declares
+the node DOWN and starts its jobs elsewhere, whether the agent stopped it here or, the agent being
+gone, the node's watchdog did (nodeagent/watchdog.py).
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import TYPE_CHECKING
+
+from nodeagent import launcher
+from nodeagent.client import PortalError
+from nodeagent.journal import TaskRecord
+
+if TYPE_CHECKING:
+    from nodeagent.agent import Agent
+
+
+class Stopper:
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.drains_posted: set[tuple[int, int]] = set()
+
+    def request_stop(self, record: TaskRecord, *, cause: str, grace_s: float, reason: str | None) -> None:
+        agent = self.agent
+        now = agent.clock()
+        if record.state == "stopping":
+            # A later, more urgent stop (fencing) may only shorten the grace.
+            if record.stop_deadline is None or now + grace_s < record.stop_deadline:
+                record.stop_deadline = now + grace_s
+                agent.dirty = True
+            return
+        if record.pid is None:
+            return
+        agent.log.info("stopping task %s attempt %s (%s, grace %.0f s)", record.task_id, record.attempt, cause, grace_s)
+        record.state = "stopping"
+        record.stop_cause = cause
+        record.stop_reason = reason
+        record.sigterm_at = now
+        record.stop_deadline = now + grace_s
+        launcher.signal_group(record.pid, signal.SIGTERM)
+        agent.save()
+
+    def escalate(self, record: TaskRecord, now: float) -> None:
+        """A stopping task still alive: SIGKILL at the end of its grace; drain the node if even that fails."""
+        assert record.pid is not None
+        if record.sigkill_at is None and record.stop_deadline is not None and now >= record.stop_deadline:
+            self.agent.log.warning("task %s attempt %s outlived its grace: SIGKILL", record.task_id, record.attempt)
+            launcher.signal_group(record.pid, signal.SIGKILL)
+            record.sigkill_at = now
+            self.agent.dirty = True
+        elif record.sigkill_at is not None and now - record.sigkill_at >= self.agent.config.unkillable_after_s:
+            self.drain_for(record)
+
+    def draining_reason(self) -> str | None:
+        now = self.agent.clock()
+        after = self.agent.config.unkillable_after_s
+        stuck = [
+            r
+            for r in self.agent.records.values()
+            if r.state == "stopping" and r.sigkill_at is not None and now - r.sigkill_at >= after
+        ]
+        if not stuck:
+            return None
+        return "; ".join(f"task {r.task_id} attempt {r.attempt} (pid {r.pid}) survived SIGKILL for {after:.0f} s" for r in stuck)
+
+    def drain_for(self, record: TaskRecord) -> None:
+        agent = self.agent
+        if record.key in self.drains_posted:
+            return
+        reason = (
+            f"task {record.task_id} attempt {record.attempt} (pid {record.pid}) survived SIGKILL for "
+            f"{agent.config.unkillable_after_s:.0f} s"
+        )
+        agent.log.error("draining the node: %s", reason)
+        if agent.link.ok(agent.clock()):
+            try:
+                if agent.link.call("drain", {"reason": reason}) is not None:
+                    self.drains_posted.add(record.key)
+            except PortalError as exc:
+                agent.log.error("portal refused the drain: %s", exc)
+                self.drains_posted.add(record.key)
+
+    def check_liveness(self) -> None:
+        """Past stop_after_s of silence (as the portal counts it), stop the workloads: the portal will requeue them."""
+        agent = self.agent
+        silence = agent.link.silence()
+        if silence <= agent.config.stop_after_s:
+            return
+        running = [r for r in agent.records.values() if r.state == "running"]
+        if running and not agent.link.lost:
+            agent.log.error("portal has not accepted a heartbeat for %.0f s: stopping %d task(s)", silence, len(running))
+        agent.link.lost = True
+        # Stopping ones too: a long grace the portal ordered is cut short, so that everything here is
+        # gone before the portal declares the node DOWN and starts the work elsewhere.
+        cap = agent.config.max_grace_s
+        for record in [r for r in agent.records.values() if r.state in ("running", "stopping")]:
+            self.request_stop(record, cause="portal_unreachable", grace_s=min(record.grace_s, cap), reason=None)

@@ -1,0 +1,133 @@
+"""What each recorded row means to people: JobEvent and AuditEntry rows, and running jobs near their limit.
+
+Nothing here is told about events by the scheduler: the scheduling cycle, the agents' reports and the
+reaper record JobEvents as they always have, and this reads them afterwards. Classification is by the
+transition (to_state) and, for the idle reaper's notes, by the reaper's label and the start of its text
+(scheduling/governance/reaper.py: "idle warning: …", "… stopping the notebook").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from notifications.kinds import Kind
+from scheduling.governance.reaper import REAPER_LABEL
+from scheduling.models import Job, JobEvent, JobKind
+from scheduling.states import JobState
+from tenants.models import AuditEntry, OrgUnit
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    key: str
+    kind: str
+    time: datetime
+    title: str
+    body: str
+    link: str
+    job: Job | None = None
+    team: OrgUnit | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def _what(job: Job) -> str:
+    return f"{'Notebook' if job.kind == JobKind.NOTEBOOK else 'Job'} #{job.pk} {job.name}"
+
+
+def _link(job: Job) -> str:
+    return f"/{'notebooks' if job.kind == JobKind.NOTEBOOK else 'jobs'}/{job.pk}/"
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def from_job_event(row: JobEvent) -> EventSpec | None:
+    """The notification a JobEvent row makes, or None (most rows: submitted, placed, stop ordered, …)."""
+    job = row.job
+    data: dict[str, Any] = {
+        "job": job.pk,
+        "attempt": row.attempt,
+        "from": row.from_state,
+        "to": row.to_state,
+        "reason": row.reason,
+    }
+    what = _what(job)
+
+    def spec(kind: str, title: str, body: str) -> EventSpec:
+        return EventSpec(
+            key=f"jobevent:{row.pk}", kind=kind, time=row.time, title=title, body=body, link=_link(job), job=job, team=job.team,
+            data=data,
+        )  # fmt: skip
+
+    if row.to_state == JobState.RUNNING:
+        body = f"Attempt {row.attempt} is running on {job.replicas} × {job.gpus_per_replica} {job.gpu_type} ({row.reason})."
+        return spec(Kind.JOB_STARTED, f"{what} started", body)
+    if row.to_state == JobState.COMPLETED:
+        return spec(Kind.JOB_COMPLETED, f"{what} completed", f"Every rank exited 0 ({row.reason}).")
+    if row.to_state == JobState.FAILED:
+        code = job.exit_code
+        data["exit_code"] = code
+        title = f"{what} failed" + (f" (exit code {code})" if code is not None else "")
+        return spec(Kind.JOB_FAILED, title, f"Attempt {row.attempt}: {row.reason}.")
+    if row.to_state == JobState.PREEMPTED:
+        body = (
+            f"Attempt {row.attempt} was preempted to make room for higher-priority or in-quota work ({row.reason}); "
+            f"it is requeued as attempt {row.attempt + 1} and resumes from its checkpoint directory."
+        )
+        return spec(Kind.JOB_PREEMPTED, f"{what} preempted and requeued", body)
+    if row.from_state == JobState.LOST and row.to_state == JobState.PENDING:
+        return spec(Kind.JOB_REQUEUED, f"{what} requeued: its node was lost", row.reason)
+    if not row.to_state and row.actor_label == REAPER_LABEL:
+        if row.reason.startswith("idle warning:"):
+            body = row.reason.removeprefix("idle warning:").strip().capitalize() + ". Use the GPUs or extend it on its page."
+            return spec(Kind.IDLE_WARNING, f"{what} is idle and will be stopped", body)
+        if row.reason.endswith("stopping the notebook"):
+            return spec(Kind.IDLE_STOPPED, f"{what} stopped: idle", row.reason.capitalize() + ".")
+    return None
+
+
+def from_audit_entry(row: AuditEntry) -> EventSpec | None:
+    """Quota changes (actions quota.*) of a unit: they affect every team at or under it."""
+    if not row.action.startswith("quota.") or row.unit is None:
+        return None
+    return EventSpec(
+        key=f"audit:{row.pk}",
+        kind=Kind.QUOTA_CHANGED,
+        time=row.time,
+        title=f"Quota of {row.unit.name} changed",
+        body=f"{row.message} (by {row.actor_label}).",
+        link="/quotas/",
+        team=row.unit,
+        data={"audit": row.pk, "action": row.action, "unit": row.unit.slug, **row.data},
+    )
+
+
+def near_limit(job: Job, *, now: datetime, lead_s: float) -> EventSpec | None:
+    """A running attempt that ends by its time limit within ``lead_s``: once per attempt (the key).
+
+    A job whose whole limit is shorter than the lead gets no warning: it was "near" from its start.
+    """
+    if job.started_at is None or job.time_limit_s <= lead_s:
+        return None
+    deadline = job.started_at + timedelta(seconds=job.time_limit_s)
+    if not deadline - timedelta(seconds=lead_s) <= now < deadline:
+        return None
+    left = (deadline - now).total_seconds()
+    body = (
+        f"Attempt {job.attempt} reaches its time limit of {_hours(job.time_limit_s)} at {deadline:%Y-%m-%d %H:%M} UTC, "
+        f"in about {_hours(left)}; it is then stopped. Save a checkpoint before then."
+    )
+    return EventSpec(
+        key=f"near-limit:{job.pk}:{job.attempt}",
+        kind=Kind.JOB_NEAR_LIMIT,
+        time=now,
+        title=f"{_what(job)} ends at its time limit in about {_hours(left)}",
+        body=body,
+        link=_link(job),
+        job=job,
+        team=job.team,
+        data={"job": job.pk, "attempt": job.attempt, "deadline": deadline.isoformat()},
+    )

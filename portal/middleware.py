@@ -1,0 +1,123 @@
+"""Answers for the two failures no view should turn into a 500: the database is unreachable, and a
+request body is larger than the portal accepts.
+
+During a database outage every API (the user API, the agent API, /healthz) answers 503 JSON with
+Retry-After, and pages a short 503 page; never a 500 or a debug page. The agent API's 503 carries
+``"code": "unavailable"``: an agent that gets it knows the portal is alive and blind, and pauses its
+own silence clock (docs/agent-api.md, *What the portal counts as silence*), while the liveness check,
+which cannot run without the database either, counts the outage as time it could not observe.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+
+from django.core.exceptions import RequestDataTooBig
+from django.db import InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 5
+# Where the web tier records that it answered "blind" (the liveness check reads them: an agent told
+# "unavailable" pauses its silence clock, so the portal must not count that time either).
+BLIND_SINCE_KEY = "yard:web-blind:since"
+BLIND_LATEST_KEY = "yard:web-blind:latest"
+# psycopg's and sqlite3's "server gone" errors arrive as these two; an IntegrityError or a
+# ProgrammingError is a bug or bad input, not an outage, and keeps its usual handling.
+DATABASE_DOWN = (OperationalError, InterfaceError)
+
+
+def _is_api(request: HttpRequest) -> bool:
+    return request.path.startswith("/api/") or request.path == "/healthz" or request.path == "/metrics"
+
+
+def _json(status: int, body: dict[str, object]) -> HttpResponse:
+    return HttpResponse(json.dumps(body), status=status, content_type="application/json")
+
+
+def _record_blind() -> bool:
+    """Note in the shared cache that the web tier cannot see (Redis in deployments, the file cache on the
+    demo); False if even that failed, and then agents are not told to pause their silence clocks."""
+    from django.core.cache import cache
+
+    now = time.time()
+    try:
+        cache.add(BLIND_SINCE_KEY, now, timeout=24 * 3600)
+        cache.set(BLIND_LATEST_KEY, now, timeout=24 * 3600)
+    except Exception:
+        log.warning("cannot record the web tier's blindness in the cache", exc_info=True)
+        return False
+    return True
+
+
+def unavailable(request: HttpRequest, exc: BaseException | None = None) -> HttpResponse:
+    message = "The portal's database is unreachable; nothing was changed. Retry in a few seconds."
+    if _is_api(request):
+        # "unavailable" is a promise to the agents (docs/agent-api.md): only make it once it is recorded.
+        code = "unavailable" if _record_blind() else "unavailable_unrecorded"
+        response = _json(503, {"code": code, "message": message, "fields": {}})
+    else:
+        response = HttpResponse(
+            "<!doctype html><title>Yardmaster: unavailable</title><h1>Unavailable for a moment</h1>"
+            f"<p>{message}</p><p>Running jobs are not affected.</p>",
+            status=503,
+            content_type="text/html",
+        )
+    response["Retry-After"] = str(RETRY_AFTER_S)
+    return response
+
+
+def too_large(request: HttpRequest) -> HttpResponse:
+    from django.conf import settings
+
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    message = f"The request body is larger than the portal accepts ({limit} bytes); send less per request."
+    if _is_api(request):
+        # The agent API names field errors "errors", the user API "fields" (each API's own shape).
+        key = "errors" if request.path.startswith("/api/agent/") else "fields"
+        return _json(413, {"code": "too_large", "message": message, key: {"body": [message]}})
+    return HttpResponse(message, status=413, content_type="text/plain")
+
+
+class FaultAnswersMiddleware:
+    """503 for a database outage, 413 for an oversized body, whichever view (or DRF) raised it."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if isinstance(exception, DATABASE_DOWN):
+            log.warning("database unreachable on %s %s: %s", request.method, request.path, exception)
+            return unavailable(request, exception)
+        if isinstance(exception, RequestDataTooBig):
+            return too_large(request)
+        return None
+
+
+class QueryCountMiddleware:
+    """For benchmarks only (YARD_QUERY_COUNT_HEADER=1 adds it): how many SQL statements a request ran, in
+    an X-Yard-Queries header, so a load generator can report queries per heartbeat from outside."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        from django.db import connection
+
+        count = [0]
+
+        def counting(execute: Callable[..., object], sql: str, params: object, many: bool, context: object) -> object:
+            count[0] += 1
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(counting):
+            response = self.get_response(request)
+        response["X-Yard-Queries"] = str(count[0])
+        return response

@@ -1,0 +1,240 @@
+"""Estimated starts for every job a plan leaves waiting, not only the reserved ones.
+
+``plan`` gives an earliest start only to the jobs it reserves for (EASY backfill reserves one). A person
+whose job waits for its team's quota, behind a reservation, or for a leaf switch to drain still asks
+"when?". This module answers from the same snapshot and plan, by the rule the reservations use: every
+running job ends at the latest at its start + time limit (a terminating one within the grace period),
+every job the plan placed or reserved for runs its whole time limit from its start, and nothing else
+changes meanwhile.
+
+* **Capacity.** The earliest release after which the gang fits (``backfill.earliest_fit``) in the free
+  GPUs the plan leaves, with every reservation's GPUs held until its job would end.
+* **Quota.** For each unit of the job's chain whose limit blocks it (and, for Tier 1, the team's
+  guarantee), the earliest release after which the unit holds few enough GPUs for the job. The unit's
+  GPUs are those of the running jobs, placements and reservations of its teams.
+* The estimate is the later of the two: feasibility only grows as jobs end, so that is the first moment
+  both hold in this model.
+
+It is an *earliest* start: jobs ahead in the queue may take what frees up first, and jobs usually end
+before their time limit. Slurm's backfill computes its expected start times by the same rule.
+
+Pure: no Django, no I/O, no clock; deterministic for a given snapshot, plan and ``now``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from scheduling.core import admission, reasons
+from scheduling.core.backfill import Release, earliest_fit
+from scheduling.core.index import FreeState, TopoIndex, carried, topo_index
+from scheduling.core.placement import keep_in_leaf
+from scheduling.core.plan import plan
+from scheduling.core.quota import QuotaState
+from scheduling.core.types import PendingJob, Plan, Snapshot, Tier, Verdict
+
+Loc = tuple[int, int]
+NEVER_PREFIX = "can never run"
+
+
+@dataclass(frozen=True, slots=True)
+class _Holding:
+    """GPUs of one type that a team holds (or will hold) until ``end``."""
+
+    job_id: str
+    team: str
+    gpu_type: str
+    gpus: int
+    end: float
+    tier: int = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """When a waiting job could start at the earliest, and the job whose end lets it (None: it already could)."""
+
+    start: float
+    after_job: str | None
+
+
+def start_estimates(snapshot: Snapshot, result: Plan, *, now: float) -> dict[str, Estimate]:
+    """An estimate for every pending job that ``result`` (``plan(snapshot, now=now)``) left waiting and
+    that can ever run; a reservation's own earliest start is kept as it is."""
+    waiting = [j for j in snapshot.pending if j.job_id in result.pending_reasons]
+    if not waiting:
+        return {}
+    model = _Model(snapshot, result, now)
+    out: dict[str, Estimate] = {}
+    for job in waiting:
+        if result.pending_reasons[job.job_id].startswith(NEVER_PREFIX):
+            continue
+        reserved = result.estimated_start.get(job.job_id)
+        if reserved is not None:
+            out[job.job_id] = Estimate(reserved, None)
+            continue
+        found = model.estimate(job)
+        if found is not None:
+            out[job.job_id] = found
+    return out
+
+
+def with_estimates(snapshot: Snapshot, result: Plan, *, now: float) -> Plan:
+    """``result`` with an estimated start for every waiting job that can run (``start_estimates``), and
+    the job whose end it waits for named in the reason of a quota wait.
+
+    The cycle writes this plan's ``estimated_start`` and ``pending_reasons``, and the admission preview
+    (``admit``) reads the same, so the portal, the API and the preview give one number.
+    """
+    estimates = start_estimates(snapshot, result, now=now)
+    reasons_out = dict(result.pending_reasons)
+    for job_id, estimate in estimates.items():
+        why = reasons_out[job_id]
+        if estimate.after_job is not None and _is_quota_wait(why) and "when job" not in why:
+            reasons_out[job_id] = f"{why}; frees up when job {estimate.after_job} ends"
+    return replace(
+        result,
+        estimated_start={**result.estimated_start, **{k: e.start for k, e in estimates.items()}},
+        pending_reasons=reasons_out,
+    )
+
+
+def admit(snapshot: Snapshot, job: PendingJob, *, now: float) -> Verdict:
+    """``admission.admit`` with an estimate for every kind of wait (the submit page's and the API's preview)."""
+    never = admission._never(snapshot, job)
+    if never is not None:
+        return Verdict(ok=False, reason=never)
+    queued = replace(snapshot, pending=(*(p for p in snapshot.pending if p.job_id != job.job_id), job))
+    result = with_estimates(queued, plan(queued, now=now), now=now)
+    for placement in result.placements:
+        if placement.job_id == job.job_id:
+            return Verdict(ok=True, reason=admission._fits_now(snapshot, placement))
+    why = result.pending_reasons.get(job.job_id, "waits for free GPUs")
+    start = result.estimated_start.get(job.job_id)
+    if start is not None:
+        return Verdict(ok=True, reason=f"waits {wait_words(start - now)}: {why}")
+    return Verdict(ok=True, reason=f"waits: {why}")
+
+
+def wait_words(seconds: float) -> str:
+    """'~40 min', '~2 h 10 min', or 'a moment' (the wording of the preview's "waits ~2 h: ...")."""
+    text = reasons.relative(seconds)
+    return "a moment" if text == "now" else text.removeprefix("in ")
+
+
+def _is_quota_wait(reason: str) -> bool:
+    return reason.startswith(("over team", "over parent unit", "Tier 1 runs only within guarantee"))
+
+
+class _Model:
+    """The cluster as the plan leaves it: what is busy, until when, and what each team holds."""
+
+    def __init__(self, snapshot: Snapshot, result: Plan, now: float) -> None:
+        self.snap, self.now, self.cfg = snapshot, now, snapshot.config
+        self.ix: TopoIndex = topo_index(snapshot.topology)
+        loc = self.ix.gpu_loc
+        pending = {j.job_id: j for j in snapshot.pending}
+        grace_end = now + self.cfg.grace_period_s
+        victims = {p.job_id for p in result.preemptions}
+        reserved_locs: set[Loc] = {loc[g] for r in result.reservations for g in r.gpus if g in loc}
+        busy: list[Loc] = []
+        held: dict[Loc, tuple[int, int]] = {}
+        releases: list[Release] = []
+        self.holdings: list[_Holding] = []
+        for j in snapshot.running:
+            carried(held, loc, j.replicas, j.cpus_per_replica, j.memory_mb_per_replica)
+            end = j.start + j.time_limit
+            if j.terminating or j.job_id in victims:
+                end = min(end, grace_end)
+            end = max(end, now)
+            locs = _locs(loc, (g for r in j.replicas for g in r))
+            busy.extend(locs)
+            # A reserved GPU is not free when its current job ends: the reservation's job takes it then.
+            releases.append(Release(end, j.job_id, tuple(x for x in locs if x not in reserved_locs)))
+            self.holdings.append(_Holding(j.job_id, j.team, j.gpu_type, j.gpu_count, end, j.tier))
+        for p in result.placements:
+            job = pending.get(p.job_id)
+            locs = _locs(loc, (g for r in p.replicas for g in r))
+            end = now + (job.time_limit if job is not None else 0.0)
+            busy.extend(locs)
+            if job is not None:
+                carried(held, loc, p.replicas, job.cpus_per_replica, job.memory_mb_per_replica)
+            releases.append(Release(end, p.job_id, tuple(x for x in locs if x not in reserved_locs)))
+            if job is not None:
+                self.holdings.append(_Holding(p.job_id, job.team, job.gpu_type, job.gpu_count, end, job.tier))
+        for r in result.reservations:
+            job = pending.get(r.job_id)
+            end = r.earliest_start + (job.time_limit if job is not None else 0.0)
+            locs = _locs(loc, r.gpus)
+            busy.extend(locs)
+            releases.append(Release(end, r.job_id, tuple(locs)))
+            if job is not None:
+                self.holdings.append(_Holding(r.job_id, job.team, job.gpu_type, job.gpu_count, end, job.tier))
+        releases.sort(key=lambda rel: (rel.end, rel.job_id))
+        self.releases = releases
+        self.free = FreeState(self.ix, busy, held)
+        self.quota = QuotaState(snapshot.quotas, ())
+        self._by_unit: dict[tuple[str, str], list[_Holding]] = {}
+        for h in sorted(self.holdings, key=lambda h: (h.end, h.job_id)):
+            for unit in self.quota.chain(h.team):
+                self._by_unit.setdefault((unit, h.gpu_type), []).append(h)
+        self._fits: dict[tuple[str, int, int, bool, int, int, bool], Estimate | None] = {}
+
+    def estimate(self, job: PendingJob) -> Estimate | None:
+        capacity = self._capacity(job)
+        if capacity is None:
+            return None
+        quota = self._quota(job)
+        if quota is None:
+            return None
+        return max(capacity, quota, key=lambda e: (e.start, e.after_job is not None))
+
+    def _capacity(self, job: PendingJob) -> Estimate | None:
+        one_leaf = job.replicas > 1 and not job.one_fabric and keep_in_leaf(self.ix, job, self.cfg, self.now)
+        key = (
+            job.gpu_type, job.replicas, job.gpus_per_replica, one_leaf, job.cpus_per_replica, job.memory_mb_per_replica,
+            job.one_fabric,
+        )  # fmt: skip
+        if key not in self._fits:
+            found = earliest_fit(self.free, self.releases, set(), job, one_leaf=one_leaf)
+            if found is None:
+                self._fits[key] = None
+            else:
+                start = max(found[0], self.now)
+                ending = [r.job_id for r in self.releases if r.end == found[0]]
+                self._fits[key] = Estimate(start, ending[0] if ending and start > self.now else None)
+        return self._fits[key]
+
+    def _quota(self, job: PendingJob) -> Estimate | None:
+        """The earliest moment every unit of the job's chain has room for it (never: None)."""
+        if job.team not in self.quota.units:
+            return None
+        t, n = job.gpu_type, job.gpu_count
+        caps: list[tuple[str, int, int]] = [(u, lim, Tier.SPOT) for u, lim, _ in self.quota.limits(job.team, t)]
+        if job.tier == Tier.PRODUCTION:
+            # The guarantee is claimed in tier order (quota.py): only the team's Tier 1 work stands before it.
+            caps.append((job.team, self.quota.guaranteed(job.team, t), Tier.PRODUCTION))
+        best = Estimate(self.now, None)
+        for unit, cap, tier in caps:
+            found = self._room(unit, t, n, cap, tier)
+            if found is None:
+                return None
+            if found.start > best.start:
+                best = found
+        return best
+
+    def _room(self, unit: str, gpu_type: str, need: int, cap: int, tier: int) -> Estimate | None:
+        """The earliest moment the unit's holdings of jobs of tiers 1..``tier`` leave ``need`` under ``cap``."""
+        holdings = [h for h in self._by_unit.get((unit, gpu_type), []) if h.tier <= tier]
+        held = sum(h.gpus for h in holdings)
+        if held + need <= cap:
+            return Estimate(self.now, None)
+        for h in holdings:  # by end time
+            held -= h.gpus
+            if held + need <= cap:
+                return Estimate(max(h.end, self.now), h.job_id)
+        return None  # more than the cap even with the unit empty: admission refuses such a job
+
+
+def _locs(gpu_loc: Mapping[str, Loc], ids: Iterable[str]) -> list[Loc]:
+    return [gpu_loc[g] for g in ids if g in gpu_loc]

@@ -1,0 +1,1 @@
+"""Single sign-on with OpenID Connect: discovery, the code flow with PKCE, groups mapped to memberships."""
