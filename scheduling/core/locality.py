@@ -137,6 +137,36 @@ class LeafChooser:
         )
         return False, None
 
+    def reclaim_across(
+        self,
+        job: PendingJob,
+        *,
+        start: float,
+        earliest: Callable[[bool, float], float | None],
+        version: Hashable,
+    ) -> bool:
+        """For an ``auto`` gang that may preempt but cannot free room in one leaf: whether preempting across
+        leaves, to start at ``start`` (its victims' grace), finishes it sooner than waiting for one leaf.
+
+        ``choose`` weighs the starts running jobs' time limits give; preempting gives a spanning start of
+        its own, often much sooner, so a gang that waits for a leaf is weighed again against it. Past the
+        plan's search cap it keeps to one leaf this cycle (its reason says so, as ``choose``'s does).
+        """
+        cost = self.cfg.span_slowdown * job.time_limit
+        enough = start + cost
+        if not self._answered(job, True, version, enough):
+            return False
+        leaf = self._start(job, True, earliest, version, enough=enough)
+        if leaf is not None and leaf - start < cost:
+            return False  # the leaf's note from ``choose`` stands: it comes sooner than spanning would cost
+        one = "not sooner" if leaf is None or leaf >= enough else reasons.relative(leaf - self.now)
+        share = f"{100 * self.cfg.span_slowdown:.0f} % of its {_span(job.time_limit)} limit"
+        self.notes[job.job_id] = (
+            f"; any leaves (auto): no leaf has room even with its victims gone, one leaf expected {one}, "
+            f"later by more than spanning would cost (~{_span(cost)}, {share})"
+        )
+        return True
+
     def _cached(self, job: PendingJob, one_leaf: bool, version: Hashable, enough: float) -> tuple[bool, float | None]:
         """(True, start) where an answer found earlier in this plan decides; (False, None) where a search must."""
         hit = self._starts.get((job.gpu_type, job.replicas, job.gpus_per_replica, one_leaf))

@@ -257,8 +257,21 @@ class _Planner:
         if fit is not None:
             self._place(job, fit)
             return
-        if self.cfg.preemption and self._may_preempt(job) and self._reclaim(job, one_leaf):
-            return
+        if self.cfg.preemption and self._may_preempt(job):
+            if self._reclaim(job, one_leaf):
+                return
+            if (
+                one_leaf
+                and self.leaf.weighs(job)
+                and self.leaf.reclaim_across(
+                    job,
+                    start=self.now + self.cfg.grace_period_s,
+                    earliest=lambda one, until: self._earliest(job, one, until),
+                    version=self._version(),
+                )
+                and self._reclaim(job, False)
+            ):
+                return
         if not self.cfg.backfill:
             self._strict_block[t] = job.job_id
         if self.cfg.backfill and len(self.held) < self.cfg.max_reservations and self._reserve(job, one_leaf):

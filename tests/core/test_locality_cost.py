@@ -7,10 +7,11 @@ import pytest
 
 from scheduling.core.plan import plan
 from scheduling.core.testing import cluster, gpu_ids, pending, running, snapshot
-from scheduling.core.types import Config, LeafLocality, Locality, PendingJob, RunningJob
+from scheduling.core.types import Config, LeafLocality, Locality, PendingJob, RunningJob, Tier
 
 # Two leaves of four 8-GPU nodes: leaf-0 = n000..n003, leaf-1 = n004..n007.
 TOPO = cluster(nodes_per_leaf=4, leaves_per_spine=2)
+TOPO_LEAF = {n.name: n.leaf for n in TOPO.nodes}
 
 
 def busy(ends: dict[str, float]) -> list[RunningJob]:
@@ -119,3 +120,57 @@ def test_past_the_plans_search_budget_an_auto_gang_waits_for_one_leaf_and_weighs
     result = plan_one(gang(3600.0), config=Config(max_leaf_searches=0))
     assert result.placements == ()
     assert "it weighs a leaf against spanning at the next (at most 0 gangs do in one cycle)" in result.pending_reasons["g"]
+
+
+# Preempting gives a gang a spanning start of its own. Every node runs spot work (Tier 3) until 10 h,
+# and n000 and n004 each also run one GPU of a Tier 1 job until then: with the spot work gone each leaf
+# has three whole nodes, too few for a 4-node gang, while across leaves there are six.
+LONG = 36_000.0
+SPOT_EVERYWHERE = [
+    *(running(f"t1-{n}", [gpu_ids(TOPO, n, [0])], tier=Tier.PRODUCTION, time_limit=LONG) for n in ("n000", "n004")),
+    *(
+        running(f"spot-{n}", [gpu_ids(TOPO, n, range(1, 8))], tier=Tier.SPOT, start=-3600.0, time_limit=LONG + 3600.0)
+        for n in ("n000", "n004")
+    ),
+    *(
+        running(f"spot-{n}", [gpu_ids(TOPO, n)], tier=Tier.SPOT, start=-3600.0, time_limit=LONG + 3600.0)
+        for n in ("n001", "n002", "n003", "n005", "n006", "n007")
+    ),
+]
+
+
+def production_gang(locality: LeafLocality) -> PendingJob:
+    return replace(gang(3600.0, locality), tier=Tier.PRODUCTION)
+
+
+def test_an_auto_gang_that_cannot_free_one_leaf_preempts_across_leaves_rather_than_wait_for_one():
+    # Waiting for one leaf would take 10 h; preempting across leaves starts it after the victims' grace.
+    result = plan(snapshot(TOPO, running=SPOT_EVERYWHERE, pending=[production_gang(LeafLocality.AUTO)]), now=0.0)
+    victims = {p.job_id for p in result.preemptions}
+    assert len(victims) == 4 and all(v.startswith("spot-") for v in victims)
+    (res,) = result.reservations
+    assert res.earliest_start == Config().grace_period_s
+    assert len({gpu.split("/")[0] for gpu in res.gpus}) == 4
+    assert {TOPO_LEAF[gpu.split("/")[0]] for gpu in res.gpus} == {"leaf-0", "leaf-1"}
+    reason = result.pending_reasons["g"]
+    assert reason.startswith("preempting 4 job(s)")
+    assert reason.endswith(
+        "; any leaves (auto): no leaf has room even with its victims gone, one leaf expected not sooner, "
+        "later by more than spanning would cost (~15 min, 25 % of its 60 min limit)"
+    )
+
+
+def test_a_required_gang_that_cannot_free_one_leaf_waits_for_one():
+    result = plan(snapshot(TOPO, running=SPOT_EVERYWHERE, pending=[production_gang(LeafLocality.REQUIRED)]), now=0.0)
+    assert result.preemptions == ()
+    (res,) = result.reservations
+    assert res.domain in ("leaf-0", "leaf-1") and res.earliest_start == LONG
+
+
+def test_an_auto_gang_keeps_waiting_for_a_leaf_that_comes_sooner_than_spanning_would_cost():
+    # The same cluster with every job ending in 10 min: the leaf is 10 min away, spanning costs 15 min.
+    soon = [replace(j, time_limit=j.start * -1 + 600.0) for j in SPOT_EVERYWHERE]
+    result = plan(snapshot(TOPO, running=soon, pending=[production_gang(LeafLocality.AUTO)]), now=0.0)
+    assert result.preemptions == ()
+    (res,) = result.reservations
+    assert res.domain.startswith("leaf-") and res.earliest_start == 600.0
