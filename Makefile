@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test lint bench eval venv clean
+.PHONY: run test fuzz lint bench eval venv clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -24,6 +24,10 @@ test: venv
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/yardmaster} \
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} \
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+## The property tests on fresh random examples (make test draws the same ones every run); ROUNDS=5 runs 5.
+fuzz: venv
+	@for i in $$(seq $${ROUNDS:-1}); do HYPOTHESIS_PROFILE=fuzz $(PY) -m pytest -q -p no:randomly tests/property || exit 1; done
 
 lint: venv
 	$(PY) -m ruff check .
