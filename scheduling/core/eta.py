@@ -23,8 +23,10 @@ Pure: no Django, no I/O, no clock; deterministic for a given snapshot, plan and 
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from itertools import accumulate
 
 from scheduling.core import admission, reasons
 from scheduling.core.backfill import Release, earliest_fit
@@ -179,6 +181,9 @@ class _Model:
             for unit in self.quota.chain(h.team):
                 self._by_unit.setdefault((unit, h.gpu_type), []).append(h)
         self._fits: dict[tuple[str, int, int, bool, int, int, bool], Estimate | None] = {}
+        # (unit, type, tier) -> the unit's holdings of tiers 1..tier by end time, and the GPUs their ends
+        # free so far (a running sum): built once, read by every pending job of the unit (``_room``).
+        self._runs: dict[tuple[str, str, int], tuple[list[_Holding], list[int]]] = {}
 
     def estimate(self, job: PendingJob) -> Estimate | None:
         capacity = self._capacity(job)
@@ -224,16 +229,25 @@ class _Model:
         return best
 
     def _room(self, unit: str, gpu_type: str, need: int, cap: int, tier: int) -> Estimate | None:
-        """The earliest moment the unit's holdings of jobs of tiers 1..``tier`` leave ``need`` under ``cap``."""
-        holdings = [h for h in self._by_unit.get((unit, gpu_type), []) if h.tier <= tier]
-        held = sum(h.gpus for h in holdings)
+        """The earliest moment the unit's holdings of jobs of tiers 1..``tier`` leave ``need`` under ``cap``.
+
+        The first holding (by end) whose end frees enough: with ``freed[i]`` the GPUs the first i + 1 ends
+        free, the first i where ``held - freed[i] + need <= cap``; ``freed`` never falls, so a bisection
+        finds it (a walk per pending job was 0.5 s a cycle at 8,000 running jobs and 500 pending).
+        """
+        run = self._runs.get((unit, gpu_type, tier))
+        if run is None:
+            holdings = [h for h in self._by_unit.get((unit, gpu_type), []) if h.tier <= tier]
+            run = self._runs[(unit, gpu_type, tier)] = (holdings, list(accumulate(h.gpus for h in holdings)))
+        holdings, freed = run
+        held = freed[-1] if freed else 0
         if held + need <= cap:
             return Estimate(self.now, None)
-        for h in holdings:  # by end time
-            held -= h.gpus
-            if held + need <= cap:
-                return Estimate(max(h.end, self.now), h.job_id)
-        return None  # more than the cap even with the unit empty: admission refuses such a job
+        i = bisect_left(freed, held + need - cap)
+        if i == len(holdings):
+            return None  # more than the cap even with the unit empty: admission refuses such a job
+        h = holdings[i]
+        return Estimate(max(h.end, self.now), h.job_id)
 
 
 def _locs(gpu_loc: Mapping[str, Loc], ids: Iterable[str]) -> list[Loc]:
