@@ -18,7 +18,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.core.exceptions import PermissionDenied
 from django.db import connection
-from django.db.models import BooleanField, Count, ExpressionWrapper, F, Q, QuerySet
+from django.db.models import BooleanField, Count, ExpressionWrapper, F, FloatField, Func, Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.http import Http404
 
@@ -283,6 +283,20 @@ def node_name_of(core_name: str) -> str:
     return core_name.split(MIG_NODE_MARK, 1)[0]
 
 
+class Epoch(Func):
+    """A datetime column as seconds since the Unix epoch, computed by the database: the snapshot reads
+    three per running job, and parsing them as datetimes was half its time at 8,000 running jobs."""
+
+    output_field = FloatField()
+    template = "EXTRACT(EPOCH FROM %(expressions)s)::float8"
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        # Django keeps SQLite datetimes as UTC text, "YYYY-MM-DD HH:MM:SS[.ffffff]": whole seconds from
+        # strftime, the fraction from the text (julianday would round to milliseconds).
+        template = "(CAST(strftime('%%%%s', %(expressions)s) AS REAL) + CAST(substr(%(expressions)s, 20) AS REAL))"
+        return self.as_sql(compiler, connection, template=template, **extra)
+
+
 def _running(now: datetime) -> tuple[RunningJob, ...]:
     """Every gang holding GPUs, from two flat queries (no model instances, no id list: this runs at every
     cycle over thousands of running jobs, and every live allocation belongs to an active job)."""
@@ -290,7 +304,9 @@ def _running(now: datetime) -> tuple[RunningJob, ...]:
         row[0]: row
         for row in Job.objects.filter(state__in=ACTIVE_STATES)
         .annotate(
-            start=Coalesce("started_at", "state_changed_at"),
+            start=Epoch(Coalesce("started_at", "state_changed_at")),
+            checkpoint=Epoch("last_checkpoint_at"),
+            submitted=Epoch("submitted_at"),
             terminating=ExpressionWrapper(Q(stop_requested_at__isnull=False), output_field=BooleanField()),
         )
         .values_list(
@@ -300,9 +316,9 @@ def _running(now: datetime) -> tuple[RunningJob, ...]:
             "gpu_type",
             "start",
             "time_limit_s",
-            "last_checkpoint_at",
+            "checkpoint",
             "priority",
-            "submitted_at",
+            "submitted",
             "terminating",
             "cpus_per_replica",
             "memory_mb_per_replica",
@@ -323,11 +339,11 @@ def _running(now: datetime) -> tuple[RunningJob, ...]:
                 tier=Tier(tier),
                 gpu_type=gpu_type,
                 replicas=tuple(tuple(ranks[r]) for r in sorted(ranks)),
-                start=start.timestamp(),
+                start=start,
                 time_limit=float(limit_s),
-                last_checkpoint=checkpoint.timestamp() if checkpoint else None,
+                last_checkpoint=checkpoint,
                 priority=priority,
-                submit_time=submitted.timestamp(),
+                submit_time=submitted,
                 terminating=bool(terminating),
                 cpus_per_replica=cpus,
                 memory_mb_per_replica=memory_mb,
