@@ -258,6 +258,7 @@ class FairShareAPI(APIView):
                     "teams": drf_serializers.ListField(child=drf_serializers.DictField()),
                 },
             ),
+            400: OpenApiResponse(description="team is not a team id or slug (a NUL byte, or over 100 characters)"),
             404: OpenApiResponse(description="no such team, or not yours to see"),
         },
     )
