@@ -144,9 +144,11 @@ class LeafChooser:
         start: float,
         earliest: Callable[[bool, float], float | None],
         version: Hashable,
-    ) -> bool:
+    ) -> str | None:
         """For an ``auto`` gang that may preempt but cannot free room in one leaf: whether preempting across
         leaves, to start at ``start`` (its victims' grace), finishes it sooner than waiting for one leaf.
+        Returns the note its reason gets if it does (the caller sets it once the preemption is made), else
+        None.
 
         ``choose`` weighs the starts running jobs' time limits give; preempting gives a spanning start of
         its own, often much sooner, so a gang that waits for a leaf is weighed again against it. Past the
@@ -155,17 +157,16 @@ class LeafChooser:
         cost = self.cfg.span_slowdown * job.time_limit
         enough = start + cost
         if not self._answered(job, True, version, enough):
-            return False
+            return None
         leaf = self._start(job, True, earliest, version, enough=enough)
         if leaf is not None and leaf - start < cost:
-            return False  # the leaf's note from ``choose`` stands: it comes sooner than spanning would cost
+            return None  # the leaf's note from ``choose`` stands: it comes sooner than spanning would cost
         one = "not sooner" if leaf is None or leaf >= enough else reasons.relative(leaf - self.now)
         share = f"{100 * self.cfg.span_slowdown:.0f} % of its {_span(job.time_limit)} limit"
-        self.notes[job.job_id] = (
+        return (
             f"; any leaves (auto): no leaf has room even with its victims gone, one leaf expected {one}, "
             f"later by more than spanning would cost (~{_span(cost)}, {share})"
         )
-        return True
 
     def _cached(self, job: PendingJob, one_leaf: bool, version: Hashable, enough: float) -> tuple[bool, float | None]:
         """(True, start) where an answer found earlier in this plan decides; (False, None) where a search must."""

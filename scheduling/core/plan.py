@@ -260,18 +260,16 @@ class _Planner:
         if self.cfg.preemption and self._may_preempt(job):
             if self._reclaim(job, one_leaf):
                 return
-            if (
-                one_leaf
-                and self.leaf.weighs(job)
-                and self.leaf.reclaim_across(
+            if one_leaf and self.leaf.weighs(job):
+                note = self.leaf.reclaim_across(
                     job,
                     start=self.now + self.cfg.grace_period_s,
                     earliest=lambda one, until: self._earliest(job, one, until),
                     version=self._version(),
                 )
-                and self._reclaim(job, False)
-            ):
-                return
+                if note is not None and self._reclaim(job, False):
+                    self.leaf.notes[job.job_id] = note
+                    return
         if not self.cfg.backfill:
             self._strict_block[t] = job.job_id
         if self.cfg.backfill and len(self.held) < self.cfg.max_reservations and self._reserve(job, one_leaf):

@@ -174,3 +174,12 @@ def test_an_auto_gang_keeps_waiting_for_a_leaf_that_comes_sooner_than_spanning_w
     assert result.preemptions == ()
     (res,) = result.reservations
     assert res.domain.startswith("leaf-") and res.earliest_start == 600.0
+
+
+def test_a_gang_that_would_span_by_preempting_but_may_not_preempt_this_cycle_says_it_waits_for_one_leaf():
+    config = Config(max_reclaims=0)
+    snap = snapshot(TOPO, running=SPOT_EVERYWHERE, pending=[production_gang(LeafLocality.AUTO)], config=config)
+    result = plan(snap, now=0.0)
+    assert result.preemptions == ()
+    reason = result.pending_reasons["g"]
+    assert "any leaves (auto)" not in reason and "may preempt at the next cycle" in reason
