@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from scheduling.core import reasons
+from scheduling.core.capacity import quota_refusal
 from scheduling.core.index import topo_index
 from scheduling.core.plan import plan
-from scheduling.core.types import Locality, PendingJob, Placement, Snapshot, Tier, Verdict
+from scheduling.core.types import Locality, PendingJob, Placement, Snapshot, Verdict
 
 _LOCALITY_WORDS = {
     Locality.NVLINK: "NVLink domain intact",
@@ -55,24 +56,7 @@ def _never(snapshot: Snapshot, job: PendingJob) -> str | None:
     )
     if shape is not None:
         return shape
-    units = {u.name: u for u in snapshot.quotas}
-    if job.team not in units:
-        return f"team {job.team} is not in the quota tree"
-    t, n = job.gpu_type, job.gpu_count
-    if job.tier == Tier.PRODUCTION:
-        g = units[job.team].guaranteed.get(t, 0)
-        if n > g:
-            return f"Tier 1 runs only within guarantee: team {job.team} has {g} guaranteed {t}, the job needs {n}"
-    name: str | None = job.team
-    seen: set[str] = set()
-    while name is not None and name in units and name not in seen:
-        seen.add(name)
-        limit = units[name].limit.get(t)
-        if limit is not None and n > limit:
-            who = "team" if name == job.team else "unit"
-            return f"needs {n} {t}, above the {who} {name}'s limit of {limit}"
-        name = units[name].parent
-    return None
+    return quota_refusal(snapshot.quotas, job)
 
 
 def _fits_now(snapshot: Snapshot, placement: Placement) -> str:

@@ -86,6 +86,13 @@ def refusal(capacity: Capacity, quotas: Iterable[QuotaUnit], job: PendingJob) ->
         short = never_resources(capacity.sizes.get(t, ()), t, r, g, job.cpus_per_replica, job.memory_mb_per_replica)
         if short is not None:
             return short
+    return quota_refusal(quotas, job)
+
+
+def quota_refusal(quotas: Iterable[QuotaUnit], job: PendingJob) -> str | None:
+    """Why the quota tree can never let ``job`` run (no such team, a Tier 1 job above its team's guarantee,
+    a job above a limit up the chain), or None: the quota half of ``refusal`` and of ``admission.admit``."""
+    t = job.gpu_type
     units = {u.name: u for u in quotas}
     if job.team not in units:
         return f"team {job.team} is not in the quota tree"
