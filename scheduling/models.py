@@ -236,6 +236,8 @@ class Job(models.Model):
     idempotency_key = models.CharField(max_length=128, null=True, blank=True)
     # idle-notebook reaper
     idle_warned_at = models.DateTimeField(null=True, blank=True)
+    # the start of the idle spell the warning is about: only use observed from here on withdraws it
+    idle_since = models.DateTimeField(null=True, blank=True)
     idle_extended_at = models.DateTimeField(null=True, blank=True)
     copied_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 

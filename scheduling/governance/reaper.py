@@ -7,13 +7,26 @@ and a notebook whose page is reloaded all day but whose GPUs do nothing is idle.
 Decisions:
 * A minute is *idle* when every GPU the notebook holds has a window for it with samples and a peak
   utilisation at or under the policy's threshold (default 1 %). The peak, not the mean: a GPU that
-  did anything in that minute was used.
-* A minute with no samples for one of the GPUs (the agent was silent) is not idle evidence: it ends
-  the idle streak. The reaper only ever stops a notebook on positive evidence of idleness; a node
-  whose agent is silent is the liveness check's business.
-* Only whole minutes inside the allocation count, the newest being the last complete minute.
-* The idle time is the streak of idle minutes ending at the last complete minute. A notebook is
-  stopped when it reaches the timeout and, if its owner extended once, the extension has run out.
+  did anything in that minute was used. A minute is *used* when any of its GPUs has a window with
+  samples and a peak above the threshold.
+* Any other minute — no window yet for one of the GPUs (the agent is late, silent, or its windows
+  arrive out of order), or a window without samples — is *unknown*: neither idle nor used. It does
+  not count towards the timeout (the reaper only ever stops a notebook on positive evidence of
+  idleness; a node whose agent is silent is the liveness check's business), and it does not end the
+  idle spell either: only observed use does.
+* The idle *spell* is the time since the newest used minute (or since every GPU of the gang was
+  held), and its idle time the number of idle minutes observed in it, the newest counted being the
+  last complete minute. A late window is simply counted when it comes: a late idle one adds to the
+  spell, a late used one inside the spell ends it. The count looks back at most twice the timeout:
+  idle minutes from before hours of silence are stale evidence, and the rows read stay bounded.
+* Warning: once per spell, when the stop is within the policy's lead. It is withdrawn only when a
+  minute of the spell it was given in shows use (recorded: idle_warned_at, idle_since), never for
+  missing telemetry. The owner's extension also ends it (the owner's word is a sign of use): the
+  extension's end is warned about again.
+* A notebook is stopped when its idle time reaches the timeout, any extension has run out, and a
+  warning has stood for the whole lead (now >= idle_warned_at + lead): idle time that grows by more
+  than the lead at once (late telemetry arriving in bulk, a reaper that was down) warns first.
+  With a lead of 0 no warning is given, none is waited for.
 * The stop is graceful (job_request_stop, reason IDLE_TIMEOUT: SIGTERM, grace, SIGKILL by the agent).
   Each stop is issued under the job's row lock after re-reading it, so two reapers at once never
   stop one notebook twice.
@@ -33,7 +46,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.utils import timezone
 
 from scheduling.models import Allocation, GpuWindow, IdlePolicy, Job, JobEvent, JobKind
@@ -71,9 +84,10 @@ class EffectivePolicy:
 
     @property
     def lead_s(self) -> float:
-        """The warning's lead, capped to the timeout: a lead longer than the timeout warns at the first
-        idle minute (a warning cannot come before the notebook went idle)."""
-        return min(self.warn_lead_s, self.timeout_s)
+        """The warning's lead, capped to the timeout less one window: a lead that long warns at the first
+        idle minute (a warning cannot come before the first idle minute was observed, and the stop waits
+        for the warning to have stood the whole lead, so a longer lead would postpone the stop)."""
+        return max(min(self.warn_lead_s, self.timeout_s - window().total_seconds()), 0.0)
 
     @classmethod
     def default(cls) -> EffectivePolicy:
@@ -135,31 +149,71 @@ def last_complete_window(now: datetime) -> datetime:
     return _floor(now, size) - size
 
 
-def idle_seconds(*, job: Job, now: datetime, threshold_pct: float, cap_s: float) -> float:
-    """Length of the run of idle minutes ending at the last complete minute, at most ``cap_s`` (rounded up to whole minutes)."""
+@dataclass(frozen=True)
+class IdleSpell:
+    since: datetime  # the spell's windows start at or after this (after the newest used minute)
+    idle_s: float  # idle minutes observed in it, in seconds, at most the cap (rounded up to whole windows)
+
+
+def _held(job: Job) -> tuple[set[int], datetime] | None:
+    """The GPUs the job's attempt holds and since when it holds all of them (None: it holds none)."""
     allocations = list(
         Allocation.objects.filter(job=job, attempt=job.attempt, released_at__isnull=True).values_list("gpu_id", "allocated_at")
     )
     if not allocations:
-        return 0.0
-    gpu_ids = {gpu_id for gpu_id, _ in allocations}
-    held_since = max(at for _, at in allocations)  # a minute counts only once every GPU of the gang is held
+        return None
+    return {gpu_id for gpu_id, _ in allocations}, max(at for _, at in allocations)
+
+
+def _used(gpu_ids: set[int], *, threshold_pct: float) -> QuerySet[GpuWindow]:
+    """The windows of these GPUs that show use: samples, and a peak above the threshold."""
+    return GpuWindow.objects.filter(gpu_id__in=gpu_ids, samples__gt=0, utilization_max__gt=threshold_pct)
+
+
+def idle_spell(*, job: Job, now: datetime, threshold_pct: float, cap_s: float) -> IdleSpell | None:
+    """The job's current idle spell and its observed idle time (None: the job holds no GPUs)."""
+    held = _held(job)
+    if held is None:
+        return None
+    gpu_ids, held_since = held  # a minute counts only once every GPU of the gang is held
     newest = last_complete_window(now)
     size = window()
-    oldest = max(held_since, newest - size * (math.ceil(cap_s / size.total_seconds()) - 1))
-    windows: dict[datetime, dict[int, GpuWindow]] = defaultdict(dict)
-    for w in GpuWindow.objects.filter(gpu_id__in=gpu_ids, start__gte=oldest, start__lte=newest):
-        windows[w.start][w.gpu_id] = w
-    streak = 0
-    minute = newest
-    while minute >= oldest:
-        seen = windows.get(minute, {})
-        idle = len(seen) == len(gpu_ids) and all(w.samples > 0 and w.utilization_max <= threshold_pct for w in seen.values())
-        if not idle:
-            break
-        streak += 1
-        minute -= size
-    return streak * size.total_seconds()
+    cap_windows = math.ceil(cap_s / size.total_seconds())
+    # Twice the cap: a spell may hold as much unknown time as idle time and still reach it; evidence
+    # older than that is stale (the GPUs may well have been used while the agent was silent).
+    oldest = max(held_since, newest - size * (2 * cap_windows - 1))
+    last_used = (
+        _used(gpu_ids, threshold_pct=threshold_pct)
+        .filter(start__gte=oldest, start__lte=newest)
+        .order_by("-start")
+        .values_list("start", flat=True)
+        .first()
+    )
+    since = oldest if last_used is None else last_used + size
+    # Every window after the last used one with samples is an idle one: the minutes where every GPU
+    # has one are the idle minutes; the others are unknown and are not counted.
+    idle_windows = (
+        GpuWindow.objects.filter(gpu_id__in=gpu_ids, start__gte=since, start__lte=newest, samples__gt=0)
+        .values("start")
+        .annotate(gpus=Count("gpu_id"))
+        .filter(gpus=len(gpu_ids))
+        .count()
+    )
+    return IdleSpell(since=since, idle_s=min(idle_windows, cap_windows) * size.total_seconds())
+
+
+def idle_seconds(*, job: Job, now: datetime, threshold_pct: float, cap_s: float) -> float:
+    """Idle minutes observed in the current idle spell, in seconds, at most ``cap_s`` (rounded up to whole minutes)."""
+    spell = idle_spell(job=job, now=now, threshold_pct=threshold_pct, cap_s=cap_s)
+    return 0.0 if spell is None else spell.idle_s
+
+
+def used_since(*, job: Job, since: datetime, now: datetime, threshold_pct: float) -> bool:
+    """Whether a complete minute from ``since`` on shows use of the job's GPUs (a late window counts too)."""
+    held = _held(job)
+    if held is None:
+        return False
+    return _used(held[0], threshold_pct=threshold_pct).filter(start__gte=since, start__lte=last_complete_window(now)).exists()
 
 
 def reap_at(*, job: Job, policy: EffectivePolicy, idle_s: float, now: datetime) -> datetime:
@@ -168,7 +222,8 @@ def reap_at(*, job: Job, policy: EffectivePolicy, idle_s: float, now: datetime) 
     The idle streak grows by one window at each minute boundary (the newest counted window is the last
     complete minute), so the timeout is reached at the boundary ``ceil((timeout - idle) / 1 min)`` minutes
     after the current one, whatever the timeout and the warning lead; an extension moves it to the
-    extension's end if that is later. (The reaper's pass after that moment stops it; it runs every minute.)
+    extension's end if that is later, and to the end of the warning's lead if that is later still. (The
+    reaper's pass after that moment stops it; it runs every minute.)
     """
     size = window()
     boundary = _floor(now, size)
@@ -176,6 +231,11 @@ def reap_at(*, job: Job, policy: EffectivePolicy, idle_s: float, now: datetime) 
     moment = boundary + minutes_left * size  # minutes_left 0: due since this window began
     if job.idle_extended_at is not None:
         moment = max(moment, job.idle_extended_at + timedelta(seconds=policy.extend_s))
+    if policy.lead_s > 0:
+        # The stop also waits for a warning that stood the whole lead: one not given yet comes at a
+        # pass from now on.
+        warned = job.idle_warned_at if job.idle_warned_at is not None else now
+        moment = max(moment, warned + timedelta(seconds=policy.lead_s))
     return moment
 
 
@@ -209,14 +269,16 @@ def _live(kind: str) -> QuerySet[Job]:
     return Job.objects.filter(kind=kind, state=JobState.RUNNING, stop_requested_at__isnull=True).select_related("team")
 
 
-def _stop(job: Job, *, idle_s: float, now: datetime) -> bool:
-    """Stop the notebook unless another reaper (or anyone) already did; True if this call stopped it."""
+def _stop(job: Job, *, idle_s: float, lead_s: float, now: datetime) -> bool:
+    """Stop the notebook unless another reaper (or anyone) already did, or its warning is not in force
+    since ``lead_s`` (an owner's extension clears it); True if this call stopped it."""
     with transaction.atomic():
-        locked = (
-            Job.objects.select_for_update(skip_locked=True)
-            .filter(pk=job.pk, attempt=job.attempt, state=JobState.RUNNING, stop_requested_at__isnull=True)
-            .first()
+        live = Job.objects.select_for_update(skip_locked=True).filter(
+            pk=job.pk, attempt=job.attempt, state=JobState.RUNNING, stop_requested_at__isnull=True
         )
+        if lead_s > 0:
+            live = live.filter(idle_warned_at__lte=now - timedelta(seconds=lead_s))
+        locked = live.first()
         if locked is None:
             return False
         _note(locked, f"idle for {idle_s / 60:.0f} min (GPU telemetry): stopping the notebook", now=now)
@@ -224,10 +286,11 @@ def _stop(job: Job, *, idle_s: float, now: datetime) -> bool:
         return True
 
 
-def _warn(job: Job, *, due_in_s: float, now: datetime) -> bool:
+def _warn(job: Job, *, since: datetime, due_in_s: float, now: datetime) -> bool:
+    """Warn once for the idle spell that began at ``since`` (the conditional update: once, whoever runs)."""
     with transaction.atomic():
         if not Job.objects.filter(pk=job.pk, idle_warned_at__isnull=True, stop_requested_at__isnull=True).update(
-            idle_warned_at=now
+            idle_warned_at=now, idle_since=since
         ):
             return False
         minutes = max(math.ceil(due_in_s / 60), 0)
@@ -237,24 +300,35 @@ def _warn(job: Job, *, due_in_s: float, now: datetime) -> bool:
 
 def _clear_warning(job: Job, *, now: datetime) -> bool:
     with transaction.atomic():
-        if not Job.objects.filter(pk=job.pk, idle_warned_at__isnull=False).update(idle_warned_at=None):
+        if not Job.objects.filter(pk=job.pk, idle_warned_at=job.idle_warned_at).update(idle_warned_at=None, idle_since=None):
             return False
         _note(job, "idle warning withdrawn: its GPUs are in use again", now=now)
         return True
 
 
 def _check_notebook(job: Job, policy: EffectivePolicy, now: datetime, report: ReapReport) -> None:
-    cap = policy.timeout_s
-    idle_s = idle_seconds(job=job, now=now, threshold_pct=policy.threshold_pct, cap_s=cap)
-    due_in = seconds_to_reap(job=job, policy=policy, idle_s=idle_s, now=now)
-    if due_in <= 0:
-        if _stop(job, idle_s=idle_s, now=now):
-            report.reaped.append(job.pk)
-    elif idle_s > 0 and due_in <= policy.lead_s:
-        if job.idle_warned_at is None and _warn(job, due_in_s=due_in, now=now):
+    if job.idle_warned_at is not None:
+        # Only a minute that shows use withdraws the warning — late, out of order, whatever came before
+        # it — never a minute that has not arrived: missing telemetry is unknown, not busy. (A warning
+        # from before idle_since was recorded stands from its own time.)
+        since = job.idle_since or job.idle_warned_at
+        if used_since(job=job, since=since, now=now, threshold_pct=policy.threshold_pct):
+            if _clear_warning(job, now=now):
+                report.cleared.append(job.pk)
+            return
+    spell = idle_spell(job=job, now=now, threshold_pct=policy.threshold_pct, cap_s=policy.timeout_s)
+    if spell is None:
+        return
+    due_in = seconds_to_reap(job=job, policy=policy, idle_s=spell.idle_s, now=now)
+    lead = policy.lead_s
+    if lead > 0 and job.idle_warned_at is None:
+        # No stop without a warning first, however idle: the stop then waits the whole lead.
+        if spell.idle_s > 0 and due_in <= lead and _warn(job, since=spell.since, due_in_s=max(due_in, lead), now=now):
             report.warned.append(job.pk)
-    elif job.idle_warned_at is not None and due_in > policy.lead_s and _clear_warning(job, now=now):
-        report.cleared.append(job.pk)
+        return
+    warned_long_enough = lead == 0 or (job.idle_warned_at is not None and now >= job.idle_warned_at + timedelta(seconds=lead))
+    if due_in <= 0 and warned_long_enough and _stop(job, idle_s=spell.idle_s, lead_s=lead, now=now):
+        report.reaped.append(job.pk)
 
 
 def _team_leads(team: OrgUnit) -> list[str]:
@@ -342,7 +416,7 @@ def notebook_extend_idle(*, job: Job, user: User, now: datetime) -> Job:
     with transaction.atomic():
         changed = Job.objects.filter(
             pk=job.pk, idle_extended_at__isnull=True, state=JobState.RUNNING, stop_requested_at__isnull=True
-        ).update(idle_extended_at=now, idle_warned_at=None)
+        ).update(idle_extended_at=now, idle_warned_at=None, idle_since=None)
         if not changed:
             raise ValidationError("The idle timeout was already extended once")
         job.refresh_from_db()

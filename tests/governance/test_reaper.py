@@ -11,6 +11,7 @@ from django.db import connection
 
 from scheduling.governance.reaper import (
     FLAG_ACTION,
+    idle_seconds,
     idle_warnings_for,
     notebook_extend_idle,
     policy_for,
@@ -44,6 +45,12 @@ def _after(minutes: int) -> datetime:
     return T0 + minutes * MINUTE + timedelta(seconds=7)
 
 
+def _warned(job, *, minutes: int = 35) -> None:
+    """The pass that warns (by default at 35 idle minutes: the default 45 min timeout less its 10 min
+    lead): the reaper stops a notebook only once a warning has stood for the whole lead."""
+    assert reap_idle_notebooks(now=_after(minutes)).warned == [job.pk]
+
+
 def test_notebook_idle_for_44_minutes_is_kept(world):
     job = _notebook(world)
     telemetry(job, start=T0, minutes=44, utilization=0)
@@ -55,6 +62,7 @@ def test_notebook_idle_for_44_minutes_is_kept(world):
 def test_notebook_idle_for_45_minutes_plus_one_window_is_stopped_with_idle_timeout(world):
     job = _notebook(world)
     telemetry(job, start=T0, minutes=46, utilization=0)
+    _warned(job)
     report = reap_idle_notebooks(now=_after(46))
     job.refresh_from_db()
     assert report.reaped == [job.pk]
@@ -65,6 +73,7 @@ def test_notebook_idle_for_45_minutes_plus_one_window_is_stopped_with_idle_timeo
 def test_utilisation_under_the_threshold_counts_as_idle(world):
     job = _notebook(world)
     telemetry(job, start=T0, minutes=46, utilization=0.5)
+    _warned(job)
     assert reap_idle_notebooks(now=_after(46)).reaped == [job.pk]
 
 
@@ -81,6 +90,7 @@ def test_idle_gpus_are_reaped_however_often_the_page_is_opened(world):
     job = _notebook(world)
     Task.objects.filter(job=job).update(notebook_last_activity=_after(46), notebook_kernel_busy=False)
     telemetry(job, start=T0, minutes=46, utilization=0)
+    _warned(job)
     assert reap_idle_notebooks(now=_after(46)).reaped == [job.pk]
 
 
@@ -100,7 +110,14 @@ def test_a_window_without_samples_is_not_idle_evidence(world):
     from scheduling.models import GpuWindow
 
     GpuWindow.objects.filter(start=T0 + 20 * MINUTE).delete()  # the agent was silent for a minute
-    assert reap_idle_notebooks(now=_after(46)).reaped == []
+    GpuWindow.objects.filter(start=T0 + 30 * MINUTE).update(samples=0)
+    # The two unknown minutes neither count towards the timeout nor end the spell.
+    assert idle_seconds(job=job, now=_after(46), threshold_pct=1, cap_s=3600) == 44 * 60
+    _warned(job, minutes=37)  # 35 idle minutes observed by then
+    assert reap_idle_notebooks(now=_after(46)).reaped == []  # 44 idle minutes: one to go
+    assert reap_idle_notebooks(now=_after(47)).reaped == []  # its window has not come yet
+    telemetry(job, start=T0 + 46 * MINUTE, minutes=1, utilization=0)
+    assert reap_idle_notebooks(now=_after(47)).reaped == [job.pk]
 
 
 def test_warning_comes_at_the_lead_time_not_before(world):
@@ -151,6 +168,8 @@ def test_owner_extension_postpones_the_stop(world):
     reap_idle_notebooks(now=_after(36))
     notebook_extend_idle(job=job, user=owner, now=_after(40))
     assert reap_idle_notebooks(now=_after(60)).reaped == []  # 40 + 60 min extension not yet over
+    # The extension ended the warning: its end is warned about again, the lead before it.
+    assert reap_idle_notebooks(now=_after(90)).warned == [job.pk]
     assert reap_idle_notebooks(now=_after(100)).reaped == [job.pk]
 
 
@@ -208,6 +227,7 @@ def test_team_policy_timeout_beats_the_default(world):
     IdlePolicy.objects.create(unit=org.team_a, tier=None, timeout_s=20 * 60)
     job = _notebook(world)
     telemetry(job, start=T0, minutes=21, utilization=0)
+    _warned(job, minutes=10)
     assert reap_idle_notebooks(now=_after(21)).reaped == [job.pk]
 
 
@@ -244,6 +264,7 @@ def test_two_concurrent_reapers_issue_one_stop():
     owner = make_user("nora", unit=org.team_a)
     job = running_job(team=org.team_a, user=owner, node=node, gpus=2, start=T0, kind=JobKind.NOTEBOOK)
     telemetry(job, start=T0, minutes=46, utilization=0)
+    _warned(job)
     barrier = threading.Barrier(2)
     results: list[list[int]] = []
     errors: list[BaseException] = []
@@ -274,6 +295,7 @@ def test_reaped_notebook_ends_cancelled_with_idle_timeout_and_is_accounted(world
 
     job = _notebook(world)
     telemetry(job, start=T0, minutes=46, utilization=0)
+    _warned(job)
     reap_idle_notebooks(now=_after(46))
     for task in Task.objects.filter(job=job):
         task_mark_exited(task=task, exit_code=None, signal=15, stopped_by="sigterm", ended_at=_after(47))
