@@ -7,7 +7,13 @@ Definitions (each one a decision; the reports and the API show exactly these):
   ``settings.TIME_ZONE`` (the cluster's zone), so a DST month has 743 or 745 hours. Every attempt of a
   requeued job has its own allocations; they are summed, and should two intervals of one job on one GPU
   ever overlap (a stale row), the overlap is counted once.
-* **borrowed** — the part of *used* held by allocations flagged ``borrowed`` (beyond the team's guarantee).
+* **borrowed** — GPU-hours beyond the guarantee: the integral over the month of max(0, GPUs the team
+  held − its guarantee), per team and GPU type (``scheduling.selectors.borrowed_beyond``, the same rule as
+  the API, ``yard quota`` and the portal; a parent unit: the sum of its teams'). Computed for units by
+  the report (reports.py ``_beyond_guarantee``); a single job has no borrowed figure of its own.
+* **reclaimable** — the part of *used* held by allocations flagged ``borrowed``: a job's hours on borrowed
+  quota. The scheduler flags a whole job that runs even partly beyond the guarantee (a gang is reclaimed
+  whole), so this can be more than *borrowed*; the per-job CSV shows it.
 * **lost to preemption** — for an attempt that was preempted (a JobEvent to PREEMPTED for that attempt),
   the work since its newest checkpoint: from max(allocation start, checkpoint) to release. The checkpoint
   is the newest of the attempt's ``Task.checkpoint_at`` and ``Job.last_checkpoint_at`` that is not after
@@ -127,7 +133,8 @@ class Usage:
     """Seconds of GPU time (GPU-seconds); hours and ratios are derived."""
 
     used_s: float = 0.0
-    borrowed_s: float = 0.0
+    borrowed_s: float = 0.0  # beyond the guarantee: set for units by the report, 0 for a job
+    reclaimable_s: float = 0.0  # held by allocations flagged borrowed
     lost_s: float = 0.0
     reaped_s: float = 0.0
     util_pct_s: float = 0.0  # sum of (mean utilisation % x measured seconds)
@@ -136,6 +143,7 @@ class Usage:
     def add(self, other: Usage) -> None:
         self.used_s += other.used_s
         self.borrowed_s += other.borrowed_s
+        self.reclaimable_s += other.reclaimable_s
         self.lost_s += other.lost_s
         self.reaped_s += other.reaped_s
         self.util_pct_s += other.util_pct_s
@@ -148,6 +156,10 @@ class Usage:
     @property
     def borrowed_gpu_hours(self) -> float:
         return self.borrowed_s / 3600
+
+    @property
+    def reclaimable_gpu_hours(self) -> float:
+        return self.reclaimable_s / 3600
 
     @property
     def lost_gpu_hours(self) -> float:
@@ -250,7 +262,7 @@ def job_usage(*, month: Month, now: datetime, team_ids: Iterable[int] | None = N
         figures = usage.usage
         figures.used_s += seconds
         if alloc.borrowed:
-            figures.borrowed_s += seconds
+            figures.reclaimable_s += seconds
         for day, piece in _split_by_day(lo, hi, month):
             usage.daily_s[day] += piece
         if (job.pk, alloc.attempt) in preempted and alloc.released_at is not None:

@@ -23,6 +23,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from scheduling.governance.accounting import JobUsage, Month, Usage, job_usage
 from scheduling.models import Allocation
+from scheduling.selectors import borrowed_beyond
 from tenants.models import OrgUnit, Quota, UnitKind
 
 UNIT_COLUMNS = [
@@ -54,7 +55,7 @@ JOB_COLUMNS = [
     "gpu_type",
     "state",
     "used_gpu_hours",
-    "borrowed_gpu_hours",
+    "reclaimable_gpu_hours",
     "lost_to_preemption_gpu_hours",
     "idle_reaped_gpu_hours",
     "efficiency_ratio",
@@ -170,12 +171,11 @@ def build_report(*, month: Month, tops: Sequence[OrgUnit], now: datetime) -> Rep
         for day, seconds in row.daily_s.items():
             team_daily[row.team_id][day] += seconds
 
-    # Borrowed, honestly: the GPU-hours a team held *beyond its guarantee* (a parent: the sum of its
-    # teams'), not the hours of every job that ran on borrowed quota (a 192-GPU gang 97 GPUs past the
-    # guarantee is 97 borrowed GPUs, though all 192 are reclaimable). The per-job CSV keeps the latter.
+    # Borrowed: the GPU-hours a team held *beyond its guarantee* (a parent: the sum of its teams'), the
+    # figure the API and the quota page show as GPUs (scheduling.selectors.borrowed_beyond), not the
+    # hours of every job that ran on borrowed quota (a 192-GPU gang 97 GPUs past the guarantee is 97
+    # borrowed GPUs, though all 192 are reclaimable). The per-job CSV shows the latter, as reclaimable.
     beyond = _beyond_guarantee(month=month, now=now, team_ids=team_ids, quotas=quotas)
-    for key in list(per_unit):
-        per_unit[key].borrowed_s = 0.0
     for (team_id, gpu_type), seconds in beyond.items():
         for unit_id in _path_ids(by_id[team_id]):
             if unit_id in by_id:
@@ -201,7 +201,8 @@ def _beyond_guarantee(
     *, month: Month, now: datetime, team_ids: list[int], quotas: dict[tuple[int, str], int]
 ) -> dict[tuple[int, str], float]:
     """(team, GPU type) -> GPU-seconds held beyond the team's guarantee during the month (up to ``now``):
-    the integral of max(GPUs held - guaranteed, 0), swept over the allocations' starts and ends."""
+    the integral of ``borrowed_beyond`` (max(GPUs held - guaranteed, 0)), swept over the allocations'
+    starts and ends. The guarantee is today's (quotas are not versioned)."""
     start, end = month.start, min(month.end, now)
     if end <= start or not team_ids:
         return {}
@@ -221,8 +222,7 @@ def _beyond_guarantee(
         points.sort(key=lambda p: (p[0], p[1]))  # an end before a start at the same moment
         held, total, last = 0, 0.0, start
         for moment, change in points:
-            if held > guaranteed:
-                total += (held - guaranteed) * (moment - last).total_seconds()
+            total += borrowed_beyond(used=held, guaranteed=guaranteed) * (moment - last).total_seconds()
             held, last = held + change, moment
         if total:
             out[key] = total
@@ -276,7 +276,7 @@ def job_rows(report: Report) -> list[dict[str, Any]]:
             "gpu_type": j.gpu_type,
             "state": j.state,
             "used_gpu_hours": _hours(j.usage.used_s),
-            "borrowed_gpu_hours": _hours(j.usage.borrowed_s),
+            "reclaimable_gpu_hours": _hours(j.usage.reclaimable_s),
             "lost_to_preemption_gpu_hours": _hours(j.usage.lost_s),
             "idle_reaped_gpu_hours": _hours(j.usage.reaped_s),
             "efficiency_ratio": _ratio(j.usage.efficiency),

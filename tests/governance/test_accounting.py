@@ -118,13 +118,13 @@ def test_job_checkpoint_reported_on_the_job_counts_for_its_attempt(world):
     assert row.usage.lost_s == 600
 
 
-def test_borrowed_hours_are_the_borrowed_allocations(world):
+def test_reclaimable_hours_are_the_borrowed_allocations(world):
     org, nodes, user = world
     job = make_job(team=org.team_a, user=user, gpus_per_replica=2)
     attempt(job, node=nodes[0], number=1, gpus=[0], start=at(3, 0), end=at(3, 2), borrowed=False)
     attempt(job, node=nodes[1], number=2, gpus=[0], start=at(3, 0), end=at(3, 1), borrowed=True)
     [row] = job_usage(month=NOV, now=at(8, 0))
-    assert (row.usage.used_s, row.usage.borrowed_s) == (3 * 3600, 3600)
+    assert (row.usage.used_s, row.usage.reclaimable_s, row.usage.borrowed_s) == (3 * 3600, 3600, 0.0)
 
 
 def test_idle_reaped_notebook_hours(world):

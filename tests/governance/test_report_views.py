@@ -92,7 +92,7 @@ def test_jobs_csv_lists_the_months_jobs_with_their_hours(client, world):
     *_, admin = world
     client.force_login(admin)
     rows = _csv(client.get(reverse("report-jobs-csv"), {"month": OCT}))
-    assert {(r["job_name"], float(r["used_gpu_hours"]), float(r["borrowed_gpu_hours"])) for r in rows} == {
+    assert {(r["job_name"], float(r["used_gpu_hours"]), float(r["reclaimable_gpu_hours"])) for r in rows} == {
         ("resnet", 6.0, 0.0),
         ("ranker", 1.5, 1.5),
     }
