@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -29,7 +30,7 @@ from scheduling.core.types import Gpu as CoreGpu
 from scheduling.core.types import Node as CoreNode
 from scheduling.models import Allocation, Gpu, Job, Node, NodeState, Task
 from scheduling.states import ACTIVE_STATES, TASK_LIVE_STATES, TERMINAL_STATES, JobState
-from tenants.models import OrgUnit, Quota
+from tenants.models import OrgUnit, Quota, UnitKind
 from tenants.selectors import AnyUser, is_cluster_admin, teams_led, units_visible
 
 # --------------------------------------------------------------------------- jobs and access
@@ -116,21 +117,54 @@ def decayed_usage(*, now: datetime) -> dict[int, dict[str, float]]:
     return result
 
 
-def team_quota_usage(*, team: OrgUnit) -> dict[str, dict[str, Any]]:
-    """Per GPU type: guaranteed, limit (None: none), used (live GPUs), borrowed (live GPUs beyond the guarantee)."""
-    result: dict[str, dict[str, Any]] = {}
-    for quota in Quota.objects.filter(unit=team):
-        result[quota.gpu_type] = {"guaranteed": quota.guaranteed, "limit": quota.limit, "used": 0, "borrowed": 0}
-    live = (
-        Allocation.objects.filter(job__team=team, released_at__isnull=True)
-        .values("job__gpu_type")
+def borrowed_beyond(*, used: int, guaranteed: int) -> int:
+    """What a unit borrows of one GPU type: the GPUs it holds beyond its guarantee, max(0, used - guaranteed).
+
+    The one definition of "borrowed" (the API, ``yard quota``, the dashboard, the quota page, the
+    metrics and the monthly report all call this). It is the scheduler core's rule
+    (scheduling/core/quota.py): a team's guarantee is claimed by its own running work, Tier 1 first,
+    and what the team holds past it is borrowed (``guarantee_by_tier``). Borrowing is decided per team;
+    a parent unit borrows what its teams do (the report sums them).
+
+    Not the same figure as the GPUs of jobs flagged ``borrowed`` (``reclaimable`` below): the core flags
+    a whole job that runs even partly beyond the guarantee, because a gang is reclaimed whole. A
+    192-GPU gang that takes a team 97 GPUs past its guarantee makes 97 borrowed and 192 reclaimable.
+    """
+    return max(used - guaranteed, 0)
+
+
+def quota_usage(*, team_ids: Iterable[int] | None = None) -> dict[int, dict[str, dict[str, Any]]]:
+    """Team id -> GPU type -> ``guaranteed``, ``limit`` (None: none), ``used`` (live GPUs), ``borrowed``
+    (live GPUs beyond the guarantee, ``borrowed_beyond``) and ``reclaimable`` (live GPUs of the team's
+    jobs that run on borrowed quota: what a reclaim could take). Every team with a quota or live GPUs
+    (only ``team_ids`` when given); two queries."""
+    quotas = Quota.objects.filter(unit__kind=UnitKind.TEAM)
+    live = Allocation.objects.filter(released_at__isnull=True)
+    if team_ids is not None:
+        team_ids = list(team_ids)
+        quotas, live = Quota.objects.filter(unit_id__in=team_ids), live.filter(job__team_id__in=team_ids)
+    result: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for quota in quotas:
+        result[quota.unit_id][quota.gpu_type] = {"guaranteed": quota.guaranteed, "limit": quota.limit}
+    rows = (
+        live.values_list("job__team_id", "job__gpu_type")
         # the job's flag, not the allocation's: each cycle re-decides what runs beyond the guarantee
-        .annotate(used=Count("id"), borrowed=Count("id", filter=Q(job__borrowed=True)))
+        .annotate(used=Count("id"), reclaimable=Count("id", filter=Q(job__borrowed=True)))
     )
-    for row in live:
-        entry = result.setdefault(row["job__gpu_type"], {"guaranteed": 0, "limit": None, "used": 0, "borrowed": 0})
-        entry["used"], entry["borrowed"] = row["used"], row["borrowed"]
-    return result
+    held = {(team_id, gpu_type): (used, reclaimable) for team_id, gpu_type, used, reclaimable in rows}
+    for team_id, gpu_type in held:
+        result[team_id].setdefault(gpu_type, {"guaranteed": 0, "limit": None})
+    for team_id, types in result.items():
+        for gpu_type, entry in types.items():
+            used, reclaimable = held.get((team_id, gpu_type), (0, 0))
+            entry["used"], entry["reclaimable"] = used, reclaimable
+            entry["borrowed"] = borrowed_beyond(used=used, guaranteed=entry["guaranteed"])
+    return dict(result)
+
+
+def team_quota_usage(*, team: OrgUnit) -> dict[str, dict[str, Any]]:
+    """Per GPU type: guaranteed, limit, used, borrowed (beyond the guarantee) and reclaimable (``quota_usage``)."""
+    return quota_usage(team_ids=[team.pk]).get(team.pk, {})
 
 
 def fairshare_capacity() -> dict[str, int]:
@@ -155,7 +189,6 @@ def fairshare_standing(*, now: datetime) -> dict[int, dict[str, Any]]:
     cluster and ``weight``. The same quota tree, usage and order (scheduling/core/fairshare.py) the
     cycle uses, so `yard quota` says what the scheduler will do."""
     from scheduling.core.fairshare import team_order
-    from tenants.models import UnitKind
 
     units = _quotas(now)
     capacity = fairshare_capacity()

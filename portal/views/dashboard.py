@@ -12,7 +12,7 @@ from django.shortcuts import render
 
 from portal.views.common import signed_in
 from scheduling.models import Allocation, Gpu, Node, NodeState
-from scheduling.selectors import jobs_visible, team_quota_usage
+from scheduling.selectors import jobs_visible, quota_usage
 from scheduling.states import TERMINAL_STATES
 from tenants.models import Role
 from tenants.selectors import teams_visible, user_roles
@@ -26,15 +26,17 @@ class QuotaBar:
     """One team's use of one GPU type, scaled for a bar: within the guarantee, borrowed beyond it.
 
     Two numbers that must not be confused (a 192-GPU gang on borrowed quota once read as "192 borrowed,
-    97 over guarantee"): ``beyond`` is how many GPUs the team holds past its guarantee (what it borrows),
-    ``reclaimable`` how many GPUs its borrowing jobs hold (a gang is reclaimed whole, so it can be more).
+    97 over guarantee"): ``borrowed`` is how many GPUs the team holds past its guarantee (what it borrows,
+    ``scheduling.selectors.borrowed_beyond``), ``reclaimable`` how many GPUs its borrowing jobs hold (a
+    gang is reclaimed whole, so it can be more). Both from ``scheduling.selectors.quota_usage``.
     """
 
     gpu_type: str
     guaranteed: int
     limit: int | None
     used: int
-    borrowed: int  # GPUs of the team's jobs that run on borrowed quota (scheduling.selectors.team_quota_usage)
+    borrowed: int
+    reclaimable: int
 
     @property
     def scale(self) -> int:
@@ -45,15 +47,7 @@ class QuotaBar:
 
     @property
     def within(self) -> int:
-        return min(self.used, self.guaranteed)
-
-    @property
-    def beyond(self) -> int:
-        return max(self.used - self.guaranteed, 0)
-
-    @property
-    def reclaimable(self) -> int:
-        return self.borrowed
+        return self.used - self.borrowed
 
     @property
     def within_pct(self) -> float:
@@ -61,7 +55,7 @@ class QuotaBar:
 
     @property
     def borrowed_pct(self) -> float:
-        return self.pct(self.beyond)
+        return self.pct(self.borrowed)
 
     @property
     def guarantee_pct(self) -> float:
@@ -111,8 +105,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     )
     if request.htmx:  # type: ignore[attr-defined]  # the poll refreshes the job list only
         return render(request, "portal/dashboard.html#live-jobs", {"live_jobs": live})
-    teams = [
-        (team, [QuotaBar(gpu_type, **usage) for gpu_type, usage in sorted(team_quota_usage(team=team).items())])
-        for team in _my_teams(user)
-    ]
+    mine = _my_teams(user)
+    usage = quota_usage(team_ids=[team.pk for team in mine])
+    teams = [(team, [QuotaBar(t, **line) for t, line in sorted(usage.get(team.pk, {}).items())]) for team in mine]
     return render(request, "portal/dashboard.html", {"live_jobs": live, "team_bars": teams, "capacity": _capacity()})

@@ -26,6 +26,7 @@ from portal.forms import QuotaForm, UnitCreateForm, UnitMoveForm
 from portal.views.common import add_service_errors, signed_in
 from scheduling.core.quota import guarantee_by_tier
 from scheduling.models import Allocation
+from scheduling.selectors import borrowed_beyond
 from tenants.models import AuditEntry, OrgUnit, Quota, UnitKind
 from tenants.selectors import access_unit_admin, admin_roots, units_administered, units_visible
 from tenants.services import guarantees_sum, quota_set, unit_create, unit_delete, unit_move
@@ -53,7 +54,9 @@ class Cell:
 
 @dataclass(frozen=True)
 class TierShare:
-    """A team's guarantee of one GPU type as the scheduler shares it between tiers (scheduling/core/quota.py)."""
+    """A team's guarantee of one GPU type as the scheduler shares it between tiers (scheduling/core/quota.py),
+    and what the team borrows: the GPUs it holds beyond the guarantee (``scheduling.selectors.borrowed_beyond``,
+    the figure the API and ``yard quota`` show), not the GPUs of its jobs flagged borrowed."""
 
     tier_1: int
     tier_2: int
@@ -159,8 +162,9 @@ def _tier_shares(units: list[OrgUnit], quotas: dict[tuple[int, str], Quota]) -> 
     shares = {}
     for key in {*held, *(k for k in quotas if k[0] in teams)}:
         q = quotas.get(key)
-        (t1, t2, t3), borrowed = guarantee_by_tier(q.guaranteed if q else 0, held.get(key, {}))
-        shares[key] = TierShare(t1, t2, t3, borrowed)
+        guaranteed, by_tier = (q.guaranteed if q else 0), held.get(key, {})
+        (t1, t2, t3), _ = guarantee_by_tier(guaranteed, by_tier)
+        shares[key] = TierShare(t1, t2, t3, borrowed_beyond(used=sum(by_tier.values()), guaranteed=guaranteed))
     return shares
 
 

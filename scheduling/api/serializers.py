@@ -226,8 +226,11 @@ class QuotaLineOut(serializers.Serializer[Any]):
     gpu_type = serializers.CharField()
     guaranteed = serializers.IntegerField()
     limit = serializers.IntegerField(allow_null=True)
-    used = serializers.IntegerField()
-    borrowed = serializers.IntegerField()
+    used = serializers.IntegerField(help_text="GPUs the team's running jobs hold now")
+    borrowed = serializers.IntegerField(help_text="GPUs the team holds beyond its guarantee: max(0, used - guaranteed)")
+    reclaimable = serializers.IntegerField(
+        help_text="GPUs of the team's jobs that run on borrowed quota (a gang is reclaimed whole, so this can exceed borrowed)"
+    )
 
 
 class TeamQuotaOut(serializers.Serializer[Any]):

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 from django.core.cache import cache
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, Sum
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -26,8 +26,9 @@ from prometheus_client.registry import Collector
 from scheduling.agent.liveness import CLOCK as LIVENESS_CLOCK
 from scheduling.cycle import CYCLE_SECONDS_CACHE_KEY
 from scheduling.models import Allocation, BlindSpell, Gpu, Job, JobEvent, JobKind, LivenessClock, Node, SchedulerLease, XidEvent
+from scheduling.selectors import quota_usage
 from scheduling.states import JobState
-from tenants.models import OrgUnit, Quota, UnitKind
+from tenants.models import OrgUnit, UnitKind
 
 CYCLE_CACHE_KEY = CYCLE_SECONDS_CACHE_KEY  # written by every cycle
 QUEUE_WAIT_WINDOW = timedelta(hours=1)  # the histogram covers jobs that started in the last hour
@@ -162,25 +163,17 @@ def _quota_metrics() -> Iterator[Metric]:
     used = GaugeMetricFamily("yard_quota_used_gpus", "GPUs a team holds now (live allocations)", labels=labels)
     borrowed = GaugeMetricFamily("yard_quota_borrowed_gpus", "GPUs a team holds beyond its guarantee", labels=labels)
     teams = {u.pk: u.slug for u in OrgUnit.objects.filter(kind=UnitKind.TEAM)}
-    held = {
-        (team_id, gpu_type): (n, b)
-        for team_id, gpu_type, n, b in Allocation.objects.filter(released_at__isnull=True)
-        .values_list("job__team_id", "gpu__gpu_type")
-        .annotate(n=Count("id"), b=Count("id", filter=Q(borrowed=True)))
-    }
-    quotas = {(q.unit_id, q.gpu_type): q for q in Quota.objects.filter(unit_id__in=teams)}
-    for key in sorted(set(quotas) | set(held)):
-        team_id, gpu_type = key
+    # The API's and the portal's figures (borrowed: beyond the guarantee, not the GPUs of borrowing jobs).
+    for team_id, types in sorted(quota_usage().items()):
         if team_id not in teams:
             continue
-        row = [teams[team_id], gpu_type]
-        quota = quotas.get(key)
-        guaranteed.add_metric(row, quota.guaranteed if quota else 0)
-        if quota is not None and quota.limit is not None:
-            limit.add_metric(row, quota.limit)
-        n, b = held.get(key, (0, 0))
-        used.add_metric(row, n)
-        borrowed.add_metric(row, b)
+        for gpu_type, line in sorted(types.items()):
+            row = [teams[team_id], gpu_type]
+            guaranteed.add_metric(row, line["guaranteed"])
+            if line["limit"] is not None:
+                limit.add_metric(row, line["limit"])
+            used.add_metric(row, line["used"])
+            borrowed.add_metric(row, line["borrowed"])
     yield from (guaranteed, limit, used, borrowed)
 
 

@@ -165,7 +165,7 @@ def test_team_quota_shows_guaranteed_used_and_borrowed(cast, nodes):
     token_client(cast.ann_token).post("/api/v1/jobs", job_body(cast.org.team_a), format="json")
     run_cycle_once()
     body = token_client(cast.ann_token).get(f"/api/v1/teams/{cast.org.team_a.pk}/quota").json()
-    assert body["quotas"] == [{"gpu_type": "H100", "guaranteed": 16, "limit": 32, "used": 16, "borrowed": 0}]
+    assert body["quotas"] == [{"gpu_type": "H100", "guaranteed": 16, "limit": 32, "used": 16, "borrowed": 0, "reclaimable": 0}]
 
 
 def test_me_names_the_user_teams_and_how_they_authenticated(cast):

@@ -140,7 +140,7 @@ def test_my_quota_lists_my_teams_with_their_fair_share_standing(cast, nodes):
     body = token_client(cast.ann_token).get("/api/v1/me/quota").json()
     (team,) = body["teams"]
     assert team["team"]["slug"] == cast.org.team_a.slug
-    assert team["quotas"] == [{"gpu_type": "H100", "guaranteed": 16, "limit": 32, "used": 0, "borrowed": 0}]
+    assert team["quotas"] == [{"gpu_type": "H100", "guaranteed": 16, "limit": 32, "used": 0, "borrowed": 0, "reclaimable": 0}]
     assert team["fair_share"]["teams"] == 3 and 1 <= team["fair_share"]["rank"] <= 3
     assert body["half_life_days"] == pytest.approx(7.0)
 
