@@ -19,12 +19,26 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from nodeagent import cgroups, launcher, notebook
+from nodeagent import cgroups, hostlist, launcher, notebook
 from nodeagent.config import DEFAULT_GRACE_S, MAX_ORDERED_GRACE_S
 from nodeagent.journal import TaskRecord
 
 if TYPE_CHECKING:
     from nodeagent.agent import Agent
+
+
+def gang_env(spec: dict[str, Any], *, name: str, address: str) -> dict[str, str]:
+    """The job's name and its replicas' nodes, for a batch script's Slurm variables (scheduling/api/jobfiles.py):
+    YARD_NODELIST, the node names in rank order in Slurm's compressed form (SLURM_JOB_NODELIST), and
+    YARD_NODE_ADDRS, "name=address" for each, the address the portal has for it (MASTER_ADDR's kind), so
+    `scontrol show hostnames` can give a name that does not resolve here as its address."""
+    given = [n for n in spec.get("nodes") or () if isinstance(n, list | tuple) and len(n) == 2]
+    nodes = [(str(n[0]), str(n[1] or n[0])) for n in given] or [(name, address or name)]
+    return {
+        "YARD_JOB_NAME": str(spec.get("job_name") or ""),
+        "YARD_NODELIST": hostlist.compress(n for n, _ in nodes),
+        "YARD_NODE_ADDRS": " ".join(f"{n}={a}" for n, a in dict(nodes).items()),
+    }
 
 
 class AgentFatal(Exception):
@@ -151,6 +165,7 @@ class Workloads:
                 "YARD_LAUNCH_ID": record.launch_id,
             }
         )
+        env.update(gang_env(spec, name=config.name, address=str(config.address)))
         if self.agent.gpus.simulated:
             env["YARD_SIM_UTIL_FILE"] = str(record.util_file)
         return env

@@ -552,8 +552,8 @@ _TASK_FIELDS = (
     "id", "job_id", "attempt", "rank", "node_id", "state", "master_addr", "master_port", "gpu_indices", "started_at",
     "checkpoint_at", "notebook_url", "notebook_kernel_busy", "notebook_last_activity",
     "cpu_used", "memory_used_mb", "memory_peak_mb",
-    "job__id", "job__kind", "job__replicas", "job__cpus_per_replica", "job__memory_mb_per_replica", "job__command", "job__env",
-    "job__checkpoint_dir", "job__time_limit_s",
+    "job__id", "job__name", "job__kind", "job__replicas", "job__cpus_per_replica", "job__memory_mb_per_replica", "job__command",
+    "job__env", "job__checkpoint_dir", "job__time_limit_s",
     "job__stop_requested_at", "job__stop_reason", "job__stop_grace_s", "job__last_checkpoint_at", "job__attempt",
     "job__state", "job__user_id", "job__user__id", "job__user__username",
 )  # fmt: skip
@@ -640,7 +640,28 @@ def _heartbeat(*, node: Node, heartbeat: Heartbeat, now: datetime) -> HeartbeatR
     if critical:
         _drain_for_xids(node=node, critical=critical, now=now)
     _store_task_facts(live=live, reports=heartbeat.tasks)
-    return HeartbeatResult(node_state=node.state, live_tasks=live, desired=[task_spec(task) for task in live])
+    gangs = gang_nodes(live)
+    return HeartbeatResult(
+        node_state=node.state, live_tasks=live, desired=[task_spec(task, gangs.get((task.job_id, task.attempt))) for task in live]
+    )
+
+
+def gang_nodes(tasks: Sequence[Task]) -> dict[tuple[int, int], list[tuple[str, str]]]:
+    """(job, attempt) -> its replicas' nodes in rank order, (name, address), for the multi-node ones among
+    ``tasks``: one statement for all of them (a batch script's SLURM_JOB_NODELIST, docs/agent-api.md)."""
+    keys = {(t.job_id, t.attempt) for t in tasks if t.job.replicas > 1}
+    if not keys:
+        return {}
+    out: dict[tuple[int, int], list[tuple[str, str]]] = {}
+    rows = (
+        Task.objects.filter(job_id__in={j for j, _ in keys}, attempt__in={a for _, a in keys})
+        .order_by("job_id", "attempt", "rank")
+        .values_list("job_id", "attempt", "node__name", "node__address")
+    )
+    for job_id, attempt, name, address in rows:
+        if (job_id, attempt) in keys:
+            out.setdefault((job_id, attempt), []).append((name, address or name))
+    return out
 
 
 def _started_reports(live: Sequence[Task], reports: Sequence[TaskReport]) -> dict[int, scheduling_services.StartReport]:
@@ -655,8 +676,9 @@ def _started_reports(live: Sequence[Task], reports: Sequence[TaskReport]) -> dic
     }
 
 
-def task_spec(task: Task) -> dict[str, object]:
-    """One entry of `desired` (docs/agent-api.md): what the agent needs to run or stop the task."""
+def task_spec(task: Task, nodes: Sequence[tuple[str, str]] | None = None) -> dict[str, object]:
+    """One entry of `desired` (docs/agent-api.md): what the agent needs to run or stop the task.
+    ``nodes``: the gang's nodes in rank order (``gang_nodes``); none: this task's node alone."""
     job = task.job
     stopping = job.stop_requested_at is not None or task.state == TaskState.STOPPING
     return {
@@ -673,6 +695,9 @@ def task_spec(task: Task) -> dict[str, object]:
         "local_rank": 0,
         "master_addr": task.master_addr,
         "master_port": task.master_port,
+        # The job's name and its replicas' nodes, rank order: a batch script's SLURM_JOB_NAME and nodelist.
+        "job_name": job.name,
+        "nodes": [list(n) for n in nodes or ()],  # empty: this node alone (the agent's name and address)
         "gpus": list(task.gpu_indices),
         # What the replica was given beside its GPUs: the agent holds its processes to them where the
         # OS lets it (cgroup v2), and the scheduler placed it where they were free.

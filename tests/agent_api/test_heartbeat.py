@@ -158,6 +158,8 @@ def test_desired_carries_each_rank_its_spec(agent: AgentClient, other_agent: Age
         "local_rank": 0,
         "master_addr": nodes[0].address,
         "master_port": first.master_port,
+        "job_name": second.job.name,
+        "nodes": [[nodes[0].name, nodes[0].address], [nodes[1].name, nodes[1].address]],
         "gpus": [2, 3],
         "cpus": second.job.cpus_per_replica,
         "memory_mb": second.job.memory_mb_per_replica,
