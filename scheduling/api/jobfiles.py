@@ -3,7 +3,8 @@
 Three formats, so a CI pipeline can post what it already has (docs/job-files.md):
 
 - a Yardmaster job file (YAML or JSON): the API's own fields, nothing else;
-- a Kubeflow ``kubeflow.org/v1`` PyTorchJob or MPIJob manifest;
+- a Kubeflow ``kubeflow.org/v1`` PyTorchJob or MPIJob manifest, or a ``kubeflow.org/v2beta1`` MPIJob
+  (the mpi-operator's current API);
 - a Slurm batch script with ``#SBATCH`` directives.
 
 The rule for everything a file can say: it is honoured (mapped onto a job field, or kept by the
@@ -38,6 +39,10 @@ JOB_FIELDS = (
 )  # fmt: skip
 YARDMASTER_API_VERSION = "yardmaster.io/v1"
 KUBEFLOW_API_VERSION = "kubeflow.org/v1"
+MPI_V2_API_VERSION = "kubeflow.org/v2beta1"  # the mpi-operator's MPIJob since v0.3: the same fields as v1's here
+# Kubernetes' Job default for backoffLimit: the restarts a rank with restartPolicy OnFailure gets when
+# runPolicy.backoffLimit is not given (the training operator itself sets no bound).
+DEFAULT_BACKOFF_LIMIT = 6
 LABEL_PREFIX = "yardmaster.io/"
 TIER_WORDS = {
     "1": 1, "production": 1, "prod": 1, "high": 1,
@@ -58,6 +63,7 @@ class Translation:
     fields: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     origin: dict[str, str] = field(default_factory=dict)
+    on_failure: bool = False  # a Kubeflow restartPolicy OnFailure is honoured (runPolicy.backoffLimit counts its restarts)
 
     def set(self, name: str, value: Any, origin: str) -> None:
         self.fields[name] = value
@@ -102,8 +108,14 @@ def detect_format(data: Any) -> str:
         raise _refuse("file", "A job file is a mapping of fields (YAML or JSON), not a list or a single value")
     api_version, kind = data.get("apiVersion"), data.get("kind")
     if isinstance(api_version, str) and api_version.startswith("kubeflow.org/"):
+        if api_version == MPI_V2_API_VERSION and kind == "MPIJob":
+            return "mpijob"
         if api_version != KUBEFLOW_API_VERSION:
-            raise _refuse("apiVersion", f"{api_version} is not supported: Yardmaster reads {KUBEFLOW_API_VERSION} manifests")
+            raise _refuse(
+                "apiVersion",
+                f"{api_version} is not supported: Yardmaster reads {KUBEFLOW_API_VERSION} manifests and "
+                f"{MPI_V2_API_VERSION} MPIJobs",
+            )
         if kind == "PyTorchJob":
             return "pytorchjob"
         if kind == "MPIJob":
@@ -195,7 +207,7 @@ _RUN_POLICY_KEYS = {
     "cleanPodPolicy": _OK,  # a job's processes always end with it: nothing is left to clean
     "ttlSecondsAfterFinished": "a finished job stays in Yardmaster's history (its record is not deleted)",
     "activeDeadlineSeconds": _OK,  # -> time_limit_s
-    "backoffLimit": _OK,  # checked: only 0 (no retries of a failed job)
+    "backoffLimit": _OK,  # the restarts of a rank with restartPolicy OnFailure; else only 0
     "schedulingPolicy": _OK,
     "suspend": _OK,  # checked: only false
     "managedBy": "Yardmaster runs the job itself",
@@ -298,6 +310,7 @@ class _Rank:
     env: dict[str, str]
     working_dir: str | None
     place: str
+    restart: str | None = None  # restartPolicy (the replica spec's, else its pod's)
 
 
 def _check_keys(
@@ -390,8 +403,7 @@ def _read_rank(role: str, place: str, spec: Any, out: Translation, errors: _Erro
     if not spec:
         return None
     replicas = _int_value(f"{place}.replicas", spec.get("replicas", 1), errors)
-    for where, policy in ((f"{place}.restartPolicy", spec.get("restartPolicy")),):
-        _check_restart(where, policy, errors)
+    _check_restart(f"{place}.restartPolicy", spec.get("restartPolicy"), errors)
     template = _check_keys(f"{place}.template", spec.get("template", {}), {"metadata": _OK, "spec": _OK}, {}, out, errors)
     pod_place = f"{place}.template.spec"
     pod = _check_keys(pod_place, template.get("spec", {}), _POD_SPEC_KEYS, _POD_SPEC_REFUSED, out, errors)
@@ -424,16 +436,20 @@ def _read_rank(role: str, place: str, spec: Any, out: Translation, errors: _Erro
     gpus = _read_resources(f"{c_place}.resources", container.get("resources"), out, errors, sizes=role != "Launcher")
     if replicas is None:
         return None
-    return _Rank(role, replicas, gpus, image, command, args, env, working_dir, c_place)
+    restart = spec.get("restartPolicy") or pod.get("restartPolicy")
+    return _Rank(role, replicas, gpus, image, command, args, env, working_dir, c_place, restart)
 
 
 def _check_restart(place: str, policy: Any, errors: _Errors) -> None:
-    if policy in (None, "Never", "ExitCode"):
-        return  # ExitCode: only retryable (signal) exits restart -- what Yardmaster's requeue after preemption does
+    # ExitCode: only retryable (signal) exits restart -- what Yardmaster's requeue after preemption does.
+    # OnFailure: the rank's command is restarted in place, as the kubelet restarts a failed container,
+    # up to runPolicy.backoffLimit times (_retried).
+    if policy in (None, "Never", "ExitCode", "OnFailure"):
+        return
     errors.add(
         place,
-        f"{policy} cannot be honoured: Yardmaster does not restart a failed rank (a job whose rank fails, fails; a "
-        "preempted or lost job is requeued from its checkpoint). Use restartPolicy: Never or ExitCode",
+        f"{policy} cannot be honoured: a rank that exits 0 is done here, it is not started again. Use restartPolicy: "
+        "OnFailure (restart a failed rank), Never or ExitCode",
     )
 
 
@@ -563,11 +579,14 @@ def translate_kubeflow(data: Mapping[str, Any], *, kind: str) -> Translation:
         errors.add("spec", "a manifest needs a spec")
         errors.raise_any()
         return out
+    policy = spec.get("runPolicy")
+    backoff = policy.get("backoffLimit") if isinstance(policy, Mapping) else None
+    restarts = backoff if isinstance(backoff, int) and not isinstance(backoff, bool) and backoff >= 0 else None
     if kind == "PyTorchJob":
-        _pytorchjob(spec, out, errors)
+        _pytorchjob(spec, out, errors, restarts=restarts)
     else:
-        _mpijob(spec, out, errors)
-    _run_policy(spec.get("runPolicy"), out, errors, labels=labels)
+        _mpijob(spec, out, errors, restarts=restarts)
+    _run_policy(policy, out, errors, labels=labels)
     errors.raise_any()
     return out
 
@@ -593,7 +612,7 @@ def _record_image(image: str | None, env: dict[str, str], out: Translation, plac
         )
 
 
-def _pytorchjob(spec: Mapping[str, Any], out: Translation, errors: _Errors) -> None:
+def _pytorchjob(spec: Mapping[str, Any], out: Translation, errors: _Errors, *, restarts: int | None) -> None:
     for key in spec:
         place = f"spec.{key}"
         if key == "elasticPolicy":
@@ -624,7 +643,8 @@ def _pytorchjob(spec: Mapping[str, Any], out: Translation, errors: _Errors) -> N
         errors.add("spec.pytorchReplicaSpecs", "at least one replica")
         return
     for attribute, what in (("gpus", f"resources.limits.{_GPU_RESOURCE}"), ("image", "image"), ("command", "command"),
-                            ("args", "args"), ("env", "env"), ("working_dir", "workingDir")):  # fmt: skip
+                            ("args", "args"), ("env", "env"), ("working_dir", "workingDir"),
+                            ("restart", "restartPolicy")):  # fmt: skip
         _same(live, attribute, what, errors)
     first = live[0]
     total = sum(r.replicas for r in live)
@@ -642,11 +662,49 @@ def _pytorchjob(spec: Mapping[str, Any], out: Translation, errors: _Errors) -> N
             errors.add("spec.nprocPerNode", "a whole number, auto or gpu")
     _record_image(first.image, env, out, first.place)
     out.set("env", env, f"{first.place}.env")
-    out.set("command", _container_command(first, env, exports, errors), f"{first.place}.command")
+    tries = _restarts(first, restarts, out)
+    out.set("command", _container_command(first, env, exports, errors, restarts=tries), f"{first.place}.command")
 
 
-def _container_command(rank: _Rank, env: Mapping[str, str], exports: Mapping[str, str], errors: _Errors) -> str:
-    """The shell line every rank runs: the operator's torchrun variables, the working directory, the command."""
+def _restarts(rank: _Rank, backoff: int | None, out: Translation) -> int:
+    """How often a failed rank's command is started again: restartPolicy OnFailure, up to backoffLimit."""
+    if rank.restart != "OnFailure":
+        return 0
+    limit = DEFAULT_BACKOFF_LIMIT if backoff is None else backoff
+    out.on_failure = True
+    origin = "spec.runPolicy.backoffLimit" if backoff is not None else "Kubernetes' default backoffLimit"
+    out.warnings.append(
+        f"restartPolicy OnFailure: a rank whose command fails is started again on its node, up to {limit} times "
+        f"({origin}), after a back-off of 10 s doubling to 5 min, as the kubelet restarts a failed container; the "
+        "other ranks keep running. When the restarts are spent, the job fails"
+    )
+    return limit
+
+
+# The restart loop of restartPolicy OnFailure: the kubelet's crash-loop back-off (10 s, doubling, at most
+# 5 min); a rank stopped by Yardmaster (SIGTERM 143, SIGKILL 137: preempted, cancelled, out of time) is not
+# started again.
+_RESTART_LOOP = """restarts=0
+while :; do
+  __COMMAND__
+  rc=$?
+  [ "$rc" -eq 0 ] && exit 0
+  case "$rc" in 137|143) exit "$rc" ;; esac
+  if [ "$restarts" -ge __LIMIT__ ]; then
+    echo "yardmaster: the command exited $rc and its __LIMIT__ restarts (backoffLimit) are spent" >&2
+    exit "$rc"
+  fi
+  restarts=$((restarts + 1)); delay=$((10 << (restarts - 1))); [ "$delay" -gt 300 ] && delay=300
+  echo "yardmaster: the command exited $rc; restartPolicy OnFailure starts it again ($restarts of __LIMIT__) in ${delay}s" >&2
+  sleep "$delay"
+done"""
+
+
+def _container_command(
+    rank: _Rank, env: Mapping[str, str], exports: Mapping[str, str], errors: _Errors, *, restarts: int = 0
+) -> str:
+    """The shell line every rank runs: the operator's torchrun variables, the working directory, the command
+    (restarted on failure up to ``restarts`` times: restartPolicy OnFailure)."""
     if not rank.command:
         errors.add(
             f"{rank.place}.command",
@@ -661,21 +719,30 @@ def _container_command(rank: _Rank, env: Mapping[str, str], exports: Mapping[str
     ]
     if rank.working_dir:
         lines.append(f"cd {shlex.quote(rank.working_dir)} || exit 1")
-    lines.append("exec " + _command_line([*rank.command, *rank.args], defined))
+    line = _command_line([*rank.command, *rank.args], defined)
+    if restarts:
+        lines.append(_RESTART_LOOP.replace("__COMMAND__", line).replace("__LIMIT__", str(restarts)))
+    else:
+        lines.append("exec " + line)
     return "\n".join(lines)
 
 
 def _gpus(rank: _Rank, out: Translation, errors: _Errors) -> None:
+    place = f"{rank.place}.resources.limits.{_GPU_RESOURCE}"
     if rank.gpus < 1:
-        errors.add(
-            f"{rank.place}.resources.limits.{_GPU_RESOURCE}",
-            "give each replica at least one GPU: Yardmaster runs GPU jobs",
+        # A pod without nvidia.com/gpu runs on CPUs in Kubernetes; Yardmaster allocates GPUs, so each
+        # replica gets the least it can: one (the command still runs as written).
+        out.warnings.append(
+            f"{rank.place} asks for no {_GPU_RESOURCE}: Yardmaster runs every replica with GPUs, so each gets one "
+            f"(give resources.limits.{_GPU_RESOURCE} to choose)"
         )
+        out.set("gpus_per_replica", 1, f"{place} (none given: one)")
         return
-    out.set("gpus_per_replica", rank.gpus, f"{rank.place}.resources.limits.{_GPU_RESOURCE}")
+    out.set("gpus_per_replica", rank.gpus, place)
 
 
 def _run_policy(policy: Any, out: Translation, errors: _Errors, *, labels: Mapping[str, Any]) -> None:
+    on_failure = out.on_failure
     if policy is None:
         return
     policy = _check_keys("spec.runPolicy", policy, _RUN_POLICY_KEYS, {}, out, errors)
@@ -684,11 +751,13 @@ def _run_policy(policy: Any, out: Translation, errors: _Errors, *, labels: Mappi
         if seconds is not None:
             out.set("time_limit_s", seconds, "spec.runPolicy.activeDeadlineSeconds")
     backoff = policy.get("backoffLimit")
-    if backoff not in (None, 0):
+    if on_failure and backoff is not None:
+        _int_value("spec.runPolicy.backoffLimit", backoff, errors)
+    elif backoff not in (None, 0):
         errors.add(
             "spec.runPolicy.backoffLimit",
-            f"{backoff} retries cannot be honoured: a failed Yardmaster job is not retried (rerun it with "
-            "`yard rerun`); preempted and lost jobs are requeued anyway. Use 0 or remove it",
+            f"{backoff} retries cannot be honoured without restartPolicy: OnFailure (a failed rank is restarted "
+            "only then); preempted and lost jobs are requeued anyway. Use 0, remove it, or give restartPolicy: OnFailure",
         )
     if policy.get("suspend") not in (None, False):
         errors.add("spec.runPolicy.suspend", "a suspended job cannot be submitted: remove suspend, submit when it should run")
@@ -732,7 +801,7 @@ _MPI_OPTION_WORDS = {
 }  # fmt: skip
 
 
-def _mpijob(spec: Mapping[str, Any], out: Translation, errors: _Errors) -> None:
+def _mpijob(spec: Mapping[str, Any], out: Translation, errors: _Errors, *, restarts: int | None) -> None:
     allowed = {"mpiReplicaSpecs", "runPolicy", "slotsPerWorker", "mainContainer", "cleanPodPolicy", "sshAuthMountPath",
                "mpiImplementation", "runLauncherAsWorker", "launcherCreationPolicy"}  # fmt: skip
     for key in spec:
@@ -803,9 +872,11 @@ def _mpijob(spec: Mapping[str, Any], out: Translation, errors: _Errors) -> None:
     _record_image(worker.image or launcher.image, env, out, worker.place if worker.image else launcher.place)
     out.set("env", env, f"{launcher.place}.env")
     program_rank = _Rank("Launcher", 1, 0, None, program, [], env, working_dir or launcher.working_dir, launcher.place)
+    program_rank.restart = launcher.restart
+    tries = _restarts(program_rank, restarts, out)
     out.set(
         "command",
-        _container_command(program_rank, env, {"PET_NNODES": str(worker.replicas)}, errors),
+        _container_command(program_rank, env, {"PET_NNODES": str(worker.replicas)}, errors, restarts=tries),
         f"{launcher.place}.command",
     )
 
@@ -1050,7 +1121,7 @@ def _slurm_memory_mb(d: _Directive, errors: _Errors) -> int | None:
     """sbatch's memory sizes: MB by default, or with a unit K, M, G, T (--mem=64G)."""
     match = re.fullmatch(r"(\d+)([KMGT]?)", (d.value or "").strip(), flags=re.IGNORECASE)
     if match is None or int(match.group(1)) == 0:
-        errors.add(d.place, "give a size of at least 1 MB, e.g. 64G (--mem=0, all of a node's memory, cannot be honoured)")
+        errors.add(d.place, "give a size of at least 1 MB, e.g. 64G (or --mem=0: all of a node's memory)")
         return None
     scale = {"": 1, "K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}[match.group(2).upper()]
     return max(1, round(int(match.group(1)) * scale))
@@ -1082,22 +1153,35 @@ _SRUN_OPTION_WORDS = " ".join(
 # SLURM_PROCID and SLURM_LOCALID (Yardmaster starts the script on every node; Slurm's srun would fan out
 # from the first). As Slurm's srun, it forwards the tasks' output whole lines at a time (sed -u: one write
 # per line, so two tasks never splice their lines together), prefixed with the task's rank under
-# --label/-l. srun's other options are dropped: the step gets the job's shape.
+# --label/-l. srun's other options are dropped: the step gets the job's shape. `srun -w NODE hostname
+# [-i|-I|-s]`, how scripts ask for the head node's address, answers for NODE (from YARD_NODE_ADDRS).
 _SRUN_SHIM = r"""_srun_lines() {
   if [ "$1" -eq 1 ]; then sed -u "s/^/$2: /"; else sed -u ""; fi
 }
 srun() {
-  local label=0
+  local label=0 target=""
   while [ $# -gt 0 ]; do
     case "$1" in
       --) shift; break ;;
       --label|-l) label=1; shift ;;
+      -w|--nodelist) target=$2; shift 2 ;;
+      --nodelist=*) target=${1#--nodelist=}; shift ;;
+      -w?*) target=${1#-w}; shift ;;
       --*=*) shift ;;
       --*|-?) case " __WORDS__ " in *" $1 "*) shift 2 ;; *) shift ;; esac ;;
       -*) shift ;;
       *) break ;;
     esac
   done
+  if [ -n "$target" ] && [ "$1" = hostname ]; then
+    target=$(_yard_hostlist_expand "$target" | head -n 1)
+    case "$2" in
+      -i|--ip-address|-I|--all-ip-addresses) _yard_node_addr "$target" ;;
+      -s|--short) printf '%s\n' "${target%%.*}" ;;
+      *) printf '%s\n' "$target" ;;
+    esac
+    return 0
+  fi
   if [ "$SLURM_NTASKS_PER_NODE" -le 1 ] && [ "$label" -eq 0 ]; then
     SLURM_LOCALID=0 SLURM_PROCID="$SLURM_NODEID" "$@"
     return $?
@@ -1117,6 +1201,62 @@ srun() {
   rm -rf "$codes"
   return "$rc"
 }"""
+
+# scontrol inside the script: `show hostnames [LIST]` (Slurm's compressed host list, by default
+# SLURM_JOB_NODELIST, one name a line; a name that does not resolve here is given as the address the
+# portal has for that node, so `scontrol show hostnames | head -n 1` is always a usable rendezvous host)
+# and `show job [ID]` (this job, Slurm's key=value form, from the variables). Nothing else of scontrol.
+_SCONTROL_SHIM = r"""_yard_hostlist_expand() {
+  local list="$1" depth=0 cur="" c i
+  for ((i = 0; i < ${#list}; i++)); do
+    c=${list:i:1}
+    case "$c" in
+      "[") depth=$((depth + 1)); cur+=$c ;;
+      "]") depth=$((depth - 1)); cur+=$c ;;
+      ",") if [ "$depth" -eq 0 ]; then [ -n "$cur" ] && _yard_host_expand "$cur"; cur=""; else cur+=$c; fi ;;
+      *) cur+=$c ;;
+    esac
+  done
+  [ -n "$cur" ] && _yard_host_expand "$cur"
+  return 0
+}
+_yard_host_expand() {
+  case "$1" in *"["*"]"*) ;; *) printf '%s\n' "$1"; return 0 ;; esac
+  local pre=${1%%"["*} rest=${1#*"["} ranges post r lo hi n
+  ranges=${rest%%"]"*}; post=${rest#*"]"}
+  for r in ${ranges//,/ }; do
+    lo=${r%%-*}; hi=${r#*-}
+    for ((n = 10#$lo; n <= 10#$hi; n++)); do _yard_host_expand "$pre$(printf "%0${#lo}d" "$n")$post"; done
+  done
+}
+_yard_node_addr() {
+  local pair
+  for pair in $YARD_NODE_ADDRS; do
+    if [ "${pair%%=*}" = "$1" ]; then printf '%s\n' "${pair#*=}"; return 0; fi
+  done
+  printf '%s\n' "$1"
+}
+scontrol() {
+  local name list
+  case "$1 $2" in
+    "show hostnames"|"show hostname")
+      list=$(IFS=,; echo "${*:3}")
+      for name in $(_yard_hostlist_expand "${list:-$SLURM_JOB_NODELIST}"); do
+        if getent hosts "$name" > /dev/null 2>&1; then printf '%s\n' "$name"; else _yard_node_addr "$name"; fi
+      done ;;
+    "show job"|"show jobs"|"show jobid")
+      printf 'JobId=%s JobName=%s\n   UserId=%s JobState=RUNNING Restarts=%s\n' \
+        "$SLURM_JOB_ID" "$SLURM_JOB_NAME" "${USER:-$(id -un)}" "$SLURM_RESTART_COUNT"
+      printf '   NumNodes=%s NumTasks=%s CPUs/Task=%s\n   TRES=gres/gpu=%s\n   NodeList=%s\n   WorkDir=%s\n' \
+        "$SLURM_NNODES" "$SLURM_NTASKS" "${SLURM_CPUS_PER_TASK:-1}" "$((SLURM_GPUS_ON_NODE * SLURM_NNODES))" \
+        "$SLURM_JOB_NODELIST" "$SLURM_SUBMIT_DIR" ;;
+    *)
+      echo "scontrol: Yardmaster runs this batch script without Slurm: only 'scontrol show hostnames [LIST]'" \
+        "and 'scontrol show job' work here" >&2
+      return 1 ;;
+  esac
+}
+export -f _srun_lines srun _yard_hostlist_expand _yard_host_expand _yard_node_addr scontrol"""
 
 
 def translate_slurm(script: str, *, gpu_types: Sequence[str] = ()) -> Translation:
@@ -1163,6 +1303,7 @@ def translate_slurm(script: str, *, gpu_types: Sequence[str] = ()) -> Translatio
     job_name = None
     sizes: dict[str, tuple[int, _Directive]] = {}  # cpus-per-task, mem-per-gpu, ...: read once the gang is known
     segment: tuple[int, _Directive] | None = None  # --segment: read once the node count is known
+    whole_node_memory = False  # --mem=0
     for option, d in seen.items():
         value = d.value
         if option in _SLURM_REFUSED:
@@ -1266,6 +1407,14 @@ def translate_slurm(script: str, *, gpu_types: Sequence[str] = ()) -> Translatio
         elif option in ("cpus-per-task", "cpus-per-gpu"):
             if (cores := _positive(d, errors)) is not None:
                 sizes[option] = (cores, d)
+        elif option == "mem" and re.fullmatch(r"0+[KMGT]?", (value or "").strip(), flags=re.IGNORECASE):
+            # Slurm: all of the node's memory. Yardmaster has no whole-node ask: the replica asks for no
+            # memory at placement and is held to no memory limit on its node, so it may use all of it.
+            whole_node_memory = True
+            out.warnings.append(
+                f"{d.place} (all of each node's memory): the replicas ask for no memory at placement and have no "
+                "memory limit on their nodes, so each may use all of it; other jobs on those nodes may use memory too"
+            )
         elif option in ("mem", "mem-per-cpu", "mem-per-gpu"):
             if (mib := _slurm_memory_mb(d, errors)) is not None:
                 sizes[option] = (mib, d)
@@ -1341,18 +1490,34 @@ def translate_slurm(script: str, *, gpu_types: Sequence[str] = ()) -> Translatio
             "its srun steps run once per node as in Slurm, but commands outside srun run on every node; "
             'guard first-node-only work with [ "$SLURM_NODEID" = 0 ]'
         )
+    out.warnings.extend(_body_warnings(script))
     errors.raise_any()
     name = job_name or ""
     if not job_name:
         out.set("name", "sbatch", "sbatch's name for a script without --job-name")  # a ?name= default wins
+    extra = ""
+    if "cpus_per_replica" in out.fields and "cpus-per-task" in sizes:
+        extra += f" SLURM_CPUS_PER_TASK={sizes['cpus-per-task'][0]}"
+    if "memory_mb_per_replica" in out.fields:
+        extra += f" SLURM_MEM_PER_NODE={out.fields['memory_mb_per_replica']}"
+    elif whole_node_memory:
+        extra += " SLURM_MEM_PER_NODE=0"
+    if "gpu_type" in out.fields:
+        extra += f" SLURM_JOB_PARTITION={shlex.quote(str(out.fields['gpu_type']))}"
     header = [
         "# Slurm's variables, from Yardmaster's (this job was translated from an sbatch script)",
         'export SLURM_JOB_ID="$YARD_JOB_ID" SLURM_JOBID="$YARD_JOB_ID" SLURM_NNODES="$WORLD_SIZE" '
         'SLURM_JOB_NUM_NODES="$WORLD_SIZE" SLURM_NODEID="$NODE_RANK" SLURM_PROCID="$NODE_RANK" SLURM_LOCALID=0 '
         'SLURM_GPUS_ON_NODE="$YARD_NUM_GPUS" SLURM_SUBMIT_DIR="$PWD" SLURM_RESTART_COUNT=$((YARD_ATTEMPT - 1))',
         f"export SLURM_NTASKS_PER_NODE={ntasks_per_node} SLURM_NTASKS=$(({ntasks_per_node} * WORLD_SIZE)) "
-        f"SLURM_JOB_NAME={shlex.quote(name)} SLURM_GPUS_PER_NODE={gpus}",
+        f'SLURM_NPROCS=$(({ntasks_per_node} * WORLD_SIZE)) SLURM_TASKS_PER_NODE="{ntasks_per_node}(x$WORLD_SIZE)" '
+        f'SLURM_JOB_NAME="${{YARD_JOB_NAME:-{_double_quoted(name)}}}" SLURM_GPUS_PER_NODE={gpus}{extra}',
+        # The gang's nodes, rank order, in Slurm's compressed form (the agent's YARD_NODELIST); this node alone
+        # under an agent that does not send them.
+        'export SLURM_JOB_NODELIST="${YARD_NODELIST:-$(hostname -s)}" SLURM_NODELIST="${YARD_NODELIST:-$(hostname -s)}" '
+        'SLURMD_NODENAME="$(hostname -s)" SLURM_CLUSTER_NAME=yardmaster',
         _SRUN_SHIM.replace("__WORDS__", _SRUN_OPTION_WORDS),
+        _SCONTROL_SHIM,
     ]
     if chdir:
         header.append(f"cd {shlex.quote(chdir)} || exit 1")
@@ -1365,6 +1530,40 @@ def translate_slurm(script: str, *, gpu_types: Sequence[str] = ()) -> Translatio
         out.set("env", env, "#SBATCH --export")
     out.set("command", "\n".join(header) + "\n# ---- the batch script\n" + script, "the script")
     return out
+
+
+def _double_quoted(text: str) -> str:
+    """``text`` for inside a double-quoted shell word: nothing in it is expanded."""
+    return "".join("\\" + c if c in '"$`\\' else c for c in text)
+
+
+# Lines of a batch script that need something on the nodes Yardmaster does not provide.
+_BODY_NEEDS = (
+    (re.compile(r"^(module|ml)\s+(load|add|use|swap|purge|restore)\b"), "environment modules (module load) must be "
+     "installed on the nodes, with these modules; where they are not, this line fails and the script goes on without them"),
+    (re.compile(r"^(conda|mamba)\s+activate\b|^(source|\.)\s+activate\b"), "conda and this environment must exist "
+     "on every node (the job runs in its nodes' environment)"),
+    (re.compile(r"^(source|\.)\s+\S"), "this file must exist on every node; a relative path is read from the job's "
+     "working directory ($SLURM_SUBMIT_DIR), not from where it was submitted"),
+    (re.compile(r"\bsrun\b.*(\s-w\s*\S|\s--nodelist[=\s])"), "srun -w NODE runs the step on the node running the "
+     "script (every node runs it here); only `srun -w NODE hostname [-i|-s]` answers for NODE"),
+    (re.compile(r"^(sbatch|squeue|scancel|sacct|salloc|sinfo)\b|\$\((sbatch|squeue|scancel|sacct|salloc|sinfo)\b"),
+     "Slurm's other commands do not exist here (only srun and scontrol show hostnames/job do): use yard"),
+)  # fmt: skip
+
+
+def _body_warnings(script: str) -> list[str]:
+    """What the script's own commands need that Yardmaster's nodes may lack, said at submit."""
+    found: list[str] = []
+    for number, raw in enumerate(script.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        for pattern, why in _BODY_NEEDS:
+            if pattern.search(line):
+                found.append(f"line {number}: {line[:60]!r}: {why}")
+                break
+    return found
 
 
 def _slurm_sizes(sizes: dict[str, tuple[int, _Directive]], *, gpus: int, tasks: int, out: Translation, errors: _Errors) -> None:

@@ -66,13 +66,13 @@ def test_a_manifest_posted_as_json_is_translated_as_kubectl_would_send_it(cast, 
 
 
 def test_a_field_that_cannot_be_honoured_is_a_400_naming_it_and_makes_no_job(cast, nodes):
-    text = (FILES / "pytorchjob-simple.yaml").read_text().replace("restartPolicy: Never", "restartPolicy: OnFailure")
+    text = (FILES / "pytorchjob-simple.yaml").read_text().replace("restartPolicy: Never", "restartPolicy: Always")
     response = _post(token_client(cast.ann_token), text, "application/yaml")
     assert response.status_code == 400
     body = response.json()
     assert body["code"] == "invalid"
     assert "spec.pytorchReplicaSpecs.Master.restartPolicy" in body["fields"]
-    assert body["message"].startswith("spec.pytorchReplicaSpecs.Master.restartPolicy: OnFailure cannot be honoured")
+    assert body["message"].startswith("spec.pytorchReplicaSpecs.Master.restartPolicy: Always cannot be honoured")
     assert Job.objects.count() == 0
 
 

@@ -76,7 +76,7 @@ def test_the_pytorchjob_helper_itself_translates() -> None:
 @pytest.mark.parametrize(
     ("manifest", "place", "words"),
     [
-        (_pytorchjob(restart="OnFailure"), "spec.pytorchReplicaSpecs.Worker.restartPolicy", "does not restart a failed rank"),
+        (_pytorchjob(restart="Always"), "spec.pytorchReplicaSpecs.Worker.restartPolicy", "it is not started again"),
         (_pytorchjob(pod_extra="          volumes: [{name: data, persistentVolumeClaim: {claimName: d}}]"),
          "spec.pytorchReplicaSpecs.Worker.template.spec.volumes", "volumes cannot be mounted"),
         (_pytorchjob(pod_extra="          nodeSelector: {gpu: h100}"),
@@ -86,7 +86,7 @@ def test_the_pytorchjob_helper_itself_translates() -> None:
         (_pytorchjob(container_extra="              envFrom: [{configMapRef: {name: c}}]"),
          "spec.pytorchReplicaSpecs.Worker.template.spec.containers[0].envFrom", "ConfigMaps"),
         (_pytorchjob(spec_extra="  elasticPolicy: {minReplicas: 1, maxReplicas: 4}"), "spec.elasticPolicy", "fixed size"),
-        (_pytorchjob(spec_extra="  runPolicy: {backoffLimit: 3}"), "spec.runPolicy.backoffLimit", "not retried"),
+        (_pytorchjob(spec_extra="  runPolicy: {backoffLimit: 3}"), "spec.runPolicy.backoffLimit", "without restartPolicy"),
         (_pytorchjob(spec_extra="  runPolicy: {schedulingPolicy: {minAvailable: 1}}"),
          "spec.runPolicy.schedulingPolicy.minAvailable", "all or nothing"),
         (_pytorchjob(pod_extra="          priorityClassName: high"),
@@ -213,8 +213,8 @@ def test_sbatch_cores_and_memory_become_the_replicas_as_sbatch_counts_them(direc
 def test_sbatch_memory_that_cannot_be_honoured_says_why() -> None:
     assert (
         "--mem=0"
-        in _refusal("#!/bin/bash\n#SBATCH --gpus-per-node=1\n#SBATCH --mem=0\nhostname\n", fmt="slurm")[
-            "#SBATCH --mem=0 (line 3)"
+        in _refusal("#!/bin/bash\n#SBATCH --gpus-per-node=1\n#SBATCH --mem-per-gpu=0\nhostname\n", fmt="slurm")[
+            "#SBATCH --mem-per-gpu=0 (line 3)"
         ][0]
     )
     missing = _refusal("#!/bin/bash\n#SBATCH --gpus-per-node=1\n#SBATCH --mem-per-cpu=1G\nhostname\n", fmt="slurm")
@@ -319,3 +319,28 @@ def test_a_yardmaster_job_file_may_set_leaf_locality() -> None:
         "leaf_locality: preferred\n"
     )
     assert jobfiles.translate(fmt="yardmaster", text=text).fields["leaf_locality"] == "preferred"
+
+
+@pytest.mark.parametrize("zero", ["0", "0G", "0m"])
+def test_sbatch_mem_0_is_all_of_a_nodes_memory_no_ask_and_no_limit_said_at_submit(zero: str) -> None:
+    t = jobfiles.translate(fmt="slurm", text=f"#!/bin/bash\n#SBATCH --gpus-per-node=1\n#SBATCH --mem={zero}\nhostname\n")
+    assert "memory_mb_per_replica" not in t.fields
+    assert "SLURM_MEM_PER_NODE=0" in t.fields["command"]
+    assert [w for w in t.warnings if "all of each node's memory" in w and "no memory limit" in w]
+
+
+def test_on_failure_restarts_a_failed_rank_up_to_the_backoff_limit_and_never_a_stopped_one(tmp_path: Path) -> None:
+    """The restart loop itself, run: a command that exits 0 ends the rank; one stopped by Yardmaster
+    (143: SIGTERM) is not started again; with backoffLimit 0 a failure is final at once. (A restart waits
+    the kubelet's 10 s back-off first: the golden copies pin that part.)"""
+
+    def run(command: str, backoff: int) -> subprocess.CompletedProcess[str]:
+        manifest = _pytorchjob(restart="OnFailure", spec_extra=f"  runPolicy: {{backoffLimit: {backoff}}}").replace(
+            "[python3, train.py]", json.dumps(["sh", "-c", command])
+        )
+        t = jobfiles.translate(fmt="auto", text=manifest)
+        return subprocess.run(["bash", "-c", t.fields["command"]], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+
+    assert run("echo ran >> log; exit 0", 2).returncode == 0 and (tmp_path / "log").read_text() == "ran\n"
+    assert run("echo ran >> log; exit 143", 2).returncode == 143 and (tmp_path / "log").read_text() == "ran\n" * 2
+    assert run("echo ran >> log; exit 3", 0).returncode == 3 and (tmp_path / "log").read_text() == "ran\n" * 3
