@@ -212,6 +212,8 @@ class Job(models.Model):
     leaf_locality = models.CharField(max_length=16, choices=LEAF_LOCALITY_CHOICES, default="auto")
     # All its nodes in one multi-node NVLink domain (Node.fabric_domain), or wait: Slurm's --segment.
     one_fabric = models.BooleanField(default=False)
+    # Each replica on a node of its own, never two on one node: Slurm's --nodes=N (N distinct nodes).
+    one_per_node = models.BooleanField(default=False)
     # lifecycle
     state = models.CharField(max_length=10, choices=JobState.choices, default=JobState.PENDING, db_index=True)
     attempt = models.PositiveIntegerField(default=1)

@@ -392,7 +392,7 @@ def pending_jobs() -> QuerySet[Job]:
 def _pending() -> tuple[PendingJob, ...]:
     fields = (
         "id", "team_id", "tier", "replicas", "gpus_per_replica", "gpu_type", "submitted_at", "time_limit_s", "priority",
-        "leaf_locality", "cpus_per_replica", "memory_mb_per_replica", "one_fabric",
+        "leaf_locality", "cpus_per_replica", "memory_mb_per_replica", "one_fabric", "one_per_node",
     )  # fmt: skip
     return tuple(
         PendingJob(
@@ -409,10 +409,24 @@ def _pending() -> tuple[PendingJob, ...]:
             cpus_per_replica=cpus,
             memory_mb_per_replica=memory_mb,
             one_fabric=one_fabric,
+            one_per_node=one_per_node,
         )
-        for pk, team_id, tier, replicas, per, gpu_type, submitted, limit_s, priority, locality, cpus, memory_mb, one_fabric in (
-            pending_jobs().values_list(*fields)
-        )
+        for (
+            pk,
+            team_id,
+            tier,
+            replicas,
+            per,
+            gpu_type,
+            submitted,
+            limit_s,
+            priority,
+            locality,
+            cpus,
+            memory_mb,
+            one_fabric,
+            one_per_node,
+        ) in pending_jobs().values_list(*fields)
     )
 
 

@@ -117,6 +117,7 @@ class JobSpec:
     priority: int = 0
     leaf_locality: str = "auto"
     one_fabric: bool = False  # all its nodes in one multi-node NVLink domain, or wait (Slurm's --segment)
+    one_per_node: bool = False  # each replica on a node of its own (Slurm's --nodes=N: N distinct nodes)
     # None: the deployment's default per GPU of a replica (``with_default_resources``).
     cpus_per_replica: int | None = None
     memory_mb_per_replica: int | None = None
@@ -159,6 +160,7 @@ def job_spec_of(job: Job, **changes: Any) -> JobSpec:
         "priority": job.priority,
         "leaf_locality": job.leaf_locality,
         "one_fabric": job.one_fabric,
+        "one_per_node": job.one_per_node,
         "cpus_per_replica": job.cpus_per_replica,
         "memory_mb_per_replica": job.memory_mb_per_replica,
     }
@@ -301,6 +303,7 @@ def _pending_job_for(spec: JobSpec, *, job_id: str, now: datetime) -> PendingJob
         cpus_per_replica=spec.cpus_per_replica or 0,
         memory_mb_per_replica=spec.memory_mb_per_replica or 0,
         one_fabric=spec.one_fabric,
+        one_per_node=spec.one_per_node,
     )
 
 
@@ -345,6 +348,7 @@ def _same_spec(job: Job, spec: JobSpec) -> bool:
         and job.priority == spec.priority
         and job.leaf_locality == spec.leaf_locality
         and job.one_fabric == spec.one_fabric
+        and job.one_per_node == spec.one_per_node
         and job.cpus_per_replica == spec.cpus_per_replica
         and job.memory_mb_per_replica == spec.memory_mb_per_replica
     )
@@ -404,6 +408,7 @@ def _create_job(*, user: User, spec: JobSpec, key: str | None, copied_from: Job 
         priority=spec.priority,
         leaf_locality=spec.leaf_locality,
         one_fabric=spec.one_fabric,
+        one_per_node=spec.one_per_node,
         submitted_at=now,
         state_changed_at=now,
         idempotency_key=key,

@@ -56,6 +56,10 @@ class JobSubmitIn(serializers.Serializer[Any]):
         default=False,
         help_text="Keep a multi-node gang inside one multi-node NVLink domain (an NVL72 rack), or wait (Slurm's --segment)",
     )
+    one_per_node = serializers.BooleanField(
+        default=False,
+        help_text="Place each replica on a node of its own, never two on one node (Slurm's --nodes=N: N distinct nodes)",
+    )
     cpus_per_replica = serializers.IntegerField(
         min_value=1,
         max_value=1024,
@@ -149,8 +153,8 @@ class JobOut(serializers.ModelSerializer[Any]):
         model = Job
         fields = [
             "id", "name", "kind", "state", "team", "user", "tier", "replicas", "gpus_per_replica", "gpus", "gpu_type",
-            "priority", "leaf_locality", "one_fabric", "cpus_per_replica", "memory_mb_per_replica", "attempt", "submitted_at",
-            "started_at", "ended_at", "pending_reason", "estimated_start", "locality", "borrowed", "exit_code",
+            "priority", "leaf_locality", "one_fabric", "one_per_node", "cpus_per_replica", "memory_mb_per_replica", "attempt",
+            "submitted_at", "started_at", "ended_at", "pending_reason", "estimated_start", "locality", "borrowed", "exit_code",
         ]  # fmt: skip
 
 

@@ -137,6 +137,7 @@ def _spec_from(data: dict[str, Any], *, user: Any, kind: str) -> JobSpec:
         priority=data["priority"],
         leaf_locality=data["leaf_locality"],
         one_fabric=data["one_fabric"],
+        one_per_node=data["one_per_node"],
         cpus_per_replica=data.get("cpus_per_replica"),
         memory_mb_per_replica=data.get("memory_mb_per_replica"),
     )

@@ -53,6 +53,7 @@ def _never(snapshot: Snapshot, job: PendingJob) -> str | None:
         cpus=job.cpus_per_replica,
         memory_mb=job.memory_mb_per_replica,
         one_fabric=job.one_fabric,
+        one_per_node=job.one_per_node,
     )
     if shape is not None:
         return shape

@@ -77,7 +77,7 @@ def earliest_fit(
     # The counts know GPUs only, and leaves, not fabric domains: a gang that may be short of cores or
     # memory, or that must stay in one fabric domain, takes the search.
     light = st.ix.light(gpu_type, per_replica, job.cpus_per_replica, job.memory_mb_per_replica)
-    if COUNT_MULTI_NODE and multi_node_only and not job.one_fabric and light:
+    if COUNT_MULTI_NODE and multi_node_only and not job.one_fabric and not job.spread and light:
         agreed, counted = _earliest_in_counts(st, releases, cuts, reserved, gpu_type, replicas, per_replica, one_leaf, fits)
         if agreed:
             return counted

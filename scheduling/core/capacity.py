@@ -75,6 +75,8 @@ def refusal(capacity: Capacity, quotas: Iterable[QuotaUnit], job: PendingJob) ->
     cap = sum(n // g for n in sizes)
     if r > cap:
         return f"needs {r} replicas of {g} {t}; the cluster's nodes hold at most {cap}"
+    if job.spread and r > sum(1 for n in sizes if n >= g):
+        return f"needs {r} nodes with {g} {t} each (one replica per node); the cluster has {sum(1 for n in sizes if n >= g)}"
     if job.one_fabric and r * g > largest:
         fabrics = (capacity.fabrics or {}).get(t, ())
         most = max((sum(n // g for n in f) for f in fabrics), default=0)

@@ -83,12 +83,14 @@ def find(
     cpus: int = 0,
     memory_mb: int = 0,
     one_fabric: bool = False,
+    one_per_node: bool = False,
 ) -> Fit | None:
     """The best placement of ``replicas`` x ``per_replica`` GPUs of ``gpu_type`` in ``st``, or None;
     each replica with ``cpus`` cores and ``memory_mb`` MiB free on its node.
 
     ``one_leaf``: a gang that does not fit in one node fits only under one leaf switch, or not at all
     (see ``keep_in_leaf``). ``one_fabric``: it fits only inside one fabric domain (``PendingJob.one_fabric``).
+    ``one_per_node``: each replica on a node of its own (``PendingJob.one_per_node``).
     """
     ix = st.ix
     max_node = ix.type_max_node.get(gpu_type, 0)
@@ -97,6 +99,12 @@ def find(
         return None
     if st.type_free.get(gpu_type, 0) < need:
         return None
+    if one_per_node and replicas > 1:
+        # The search over nodes with room, each node counted for one replica at most.
+        room = dict.fromkeys(_room(st, gpu_type, per_replica, cpus, memory_mb), 1)
+        if len(room) < replicas:
+            return None
+        return _multi_node(st, gpu_type, replicas, per_replica, one_leaf, room, one_fabric)
     if not st.ix.light(gpu_type, per_replica, cpus, memory_mb):
         return _find_res(st, gpu_type, replicas, per_replica, one_leaf, cpus, memory_mb, one_fabric)
     # A job that asks at most its GPUs' share: where GPUs do not fit, nothing does; where they do on
@@ -120,6 +128,7 @@ def find_job(st: FreeState, job: PendingJob, *, one_leaf: bool = False) -> Fit |
         cpus=job.cpus_per_replica,
         memory_mb=job.memory_mb_per_replica,
         one_fabric=job.one_fabric,
+        one_per_node=job.one_per_node,
     )
 
 

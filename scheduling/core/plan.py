@@ -134,14 +134,14 @@ class _Planner:
         # Free GPUs only shrink while planning, so a shape that failed keeps failing:
         # (type, per replica, one leaf only, cores, memory, one fabric domain only) -> the fewest replicas
         # known not to fit.
-        self._fails: dict[tuple[str, int, bool, int, int, bool], int] = {}
-        self._reclaim_fails: set[tuple[Tier, str, str, int, int, bool, bool]] = set()
-        self._reason_cache: dict[tuple[str, int, int, bool, int, int, bool], str] = {}
+        self._fails: dict[tuple[str, int, bool, int, int, bool, bool], int] = {}
+        self._reclaim_fails: set[tuple[Tier, str, str, int, int, bool, bool, bool]] = set()
+        self._reason_cache: dict[tuple[str, int, int, bool, int, int, bool, bool], str] = {}
         self._never: dict[tuple[str, int, int, int, int, bool], str | None] = {}
-        self._blocked_cache: dict[tuple[str, int, int, bool, int, int, int, int, bool], str] = {}
+        self._blocked_cache: dict[tuple[str, int, int, bool, int, int, int, int, bool, bool], str] = {}
         self._held_version = 0  # bumped whenever a backfill reservation's held GPUs change
         self._strict_block: dict[str, str] = {}  # backfill off: type -> first blocked job
-        self._lend_fails: dict[tuple[str, int, bool, int, int, bool, tuple[str, ...]], int] = {}
+        self._lend_fails: dict[tuple[str, int, bool, int, int, bool, bool, tuple[str, ...]], int] = {}
         # How many pending jobs searched the free pool, and how many the failed-shape cache spared
         # (bench/core_plan.py prints both, so a reader sees how much of a plan's work is real).
         self.searches = 0
@@ -297,7 +297,10 @@ class _Planner:
         return None if found is None else found[0]
 
     def _find(self, job: PendingJob, one_leaf: bool) -> Fit | None:
-        key = (job.gpu_type, job.gpus_per_replica, one_leaf, job.cpus_per_replica, job.memory_mb_per_replica, job.one_fabric)
+        key = (
+            job.gpu_type, job.gpus_per_replica, one_leaf, job.cpus_per_replica, job.memory_mb_per_replica, job.one_fabric,
+            job.one_per_node,
+        )  # fmt: skip
         failed = self._fails.get(key)
         r = job.replicas
         if failed is not None and r >= failed:
@@ -319,7 +322,7 @@ class _Planner:
         # The pool (free GPUs plus those lent) only shrinks too, so failures are cached as in _find.
         key = (
             job.gpu_type, job.gpus_per_replica, one_leaf, job.cpus_per_replica, job.memory_mb_per_replica,
-            job.one_fabric, tuple(h.job_id for h in usable),
+            job.one_fabric, job.one_per_node, tuple(h.job_id for h in usable),
         )  # fmt: skip
         failed = self._lend_fails.get(key)
         if failed is not None and job.replicas >= failed:
@@ -374,7 +377,7 @@ class _Planner:
         """Preempt for ``job``: victims that free a placement (none when it fits on free GPUs and only a
         limit stops it) and, for each unit of ``excess`` (unit -> GPUs beyond its limit with the job),
         victims under that unit until it is back under its limit."""
-        key = (job.tier, job.team, job.gpu_type, job.replicas, job.gpus_per_replica, one_leaf, job.one_fabric)
+        key = (job.tier, job.team, job.gpu_type, job.replicas, job.gpus_per_replica, one_leaf, job.one_fabric, job.one_per_node)
         if key in self._reclaim_fails:
             return False
         if self._reclaims >= self.cfg.max_reclaims:
@@ -516,7 +519,7 @@ class _Planner:
     def _shape_reason(self, job: PendingJob, one_leaf: bool) -> str:
         key = (
             job.gpu_type, job.replicas, job.gpus_per_replica, one_leaf, job.cpus_per_replica, job.memory_mb_per_replica,
-            job.one_fabric,
+            job.one_fabric, job.one_per_node,
         )  # fmt: skip
         if key not in self._reason_cache:
             self._reason_cache[key] = reasons.blocked(
@@ -541,6 +544,7 @@ class _Planner:
             job.cpus_per_replica,
             job.memory_mb_per_replica,
             job.one_fabric,
+            job.one_per_node,
         )
         text = self._blocked_cache.get(key)
         if text is None:

@@ -177,13 +177,13 @@ class Reclaimer:
         need = job.gpu_count
         if st.type_free.get(job.gpu_type, 0) + self.gpus_of_type.get(job.gpu_type, 0) < need:
             return None
-        if need <= self.ix.type_max_node.get(job.gpu_type, 0):
+        if need <= self.ix.type_max_node.get(job.gpu_type, 0) and not job.spread:
             found = self._one_node(st, job)
             if found is not None:
                 return found
         largest = self.ix.type_max_node.get(job.gpu_type, 0)
         if one_leaf and self.count_in_one_leaf and need > largest and job.gpus_per_replica == largest and not job.one_fabric:
-            return self._prefix_whole_nodes(st, job)
+            return self._prefix_whole_nodes(st, job)  # whole nodes: distinct ones, spread or not
         usable = self.usable(job, own_first=False)
         return self._prefix(st, job, usable, one_leaf) if usable else None
 
@@ -376,6 +376,7 @@ class Reclaimer:
             one_leaf
             and self.count_in_one_leaf
             and not job.one_fabric
+            and not job.spread
             and job.gpu_count > self.ix.type_max_node.get(job.gpu_type, 0)
         ):
             return self._prefix_in_one_leaf(st, job, usable)

@@ -40,9 +40,10 @@ def never(
     cpus: int = 0,
     memory_mb: int = 0,
     one_fabric: bool = False,
+    one_per_node: bool = False,
 ) -> str | None:
     """Why a gang of this shape can never run on this cluster, or None (``one_fabric``: inside one fabric
-    domain, unless it fits on one node)."""
+    domain, unless it fits on one node; ``one_per_node``: each replica on a node of its own)."""
     total = ix.type_total.get(gpu_type, 0)
     if total == 0:
         kinds = ", ".join(ix.gpu_types) or "none"
@@ -58,6 +59,10 @@ def never(
     cap = ix.replicas_capacity(gpu_type, per_replica)
     if replicas > cap:
         return f"needs {replicas} replicas of {per_replica} {gpu_type}; the cluster's nodes hold at most {cap}"
+    if one_per_node and replicas > 1:
+        nodes = sum(1 for ni in ix.type_nodes.get(gpu_type, ()) if len(ix.nodes[ni].gpu_ids) >= per_replica)
+        if replicas > nodes:
+            return f"needs {replicas} nodes with {per_replica} {gpu_type} each (one replica per node); the cluster has {nodes}"
     if one_fabric and replicas * per_replica > largest:
         most = ix.fabric_replicas_capacity(gpu_type, per_replica)
         if replicas > most:

@@ -152,10 +152,17 @@ class PendingJob:
     # All its nodes in one multi-node NVLink domain (``Node.fabric``), or wait (Slurm's ``--segment``): for
     # tensor parallelism across nodes. A gang placed on one node always satisfies it.
     one_fabric: bool = False
+    # Each replica on a node of its own (Slurm's --nodes=N: N distinct nodes), never two on one node.
+    one_per_node: bool = False
 
     @property
     def gpu_count(self) -> int:
         return self.replicas * self.gpus_per_replica
+
+    @property
+    def spread(self) -> bool:
+        """Its replicas must be on distinct nodes (``one_per_node`` with more than one replica)."""
+        return self.one_per_node and self.replicas > 1
 
 
 # --------------------------------------------------------------------------- quotas
