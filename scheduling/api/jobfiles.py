@@ -35,7 +35,7 @@ MAX_FILE_BYTES = 1024 * 1024
 # The API's own input fields (JobSubmitIn): a Yardmaster job file may hold these and nothing else.
 JOB_FIELDS = (
     "name", "team", "tier", "replicas", "gpus_per_replica", "gpu_type", "command", "env",
-    "time_limit_s", "checkpoint_dir", "priority", "leaf_locality", "one_fabric",
+    "time_limit_s", "checkpoint_dir", "priority", "leaf_locality", "one_fabric", "one_per_node",
 )  # fmt: skip
 YARDMASTER_API_VERSION = "yardmaster.io/v1"
 KUBEFLOW_API_VERSION = "kubeflow.org/v1"
@@ -1490,6 +1490,8 @@ def translate_slurm(script: str, *, gpu_types: Sequence[str] = ()) -> Translatio
             "its srun steps run once per node as in Slurm, but commands outside srun run on every node; "
             'guard first-node-only work with [ "$SLURM_NODEID" = 0 ]'
         )
+        # Slurm's --nodes=N is N distinct nodes: each replica on a node of its own, never two on one.
+        out.set("one_per_node", True, f"#SBATCH --nodes={nodes}")
     out.warnings.extend(_body_warnings(script))
     errors.raise_any()
     name = job_name or ""

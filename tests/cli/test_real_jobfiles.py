@@ -238,3 +238,18 @@ def test_the_heartbeat_sends_each_task_its_jobs_name_and_its_gangs_nodes_in_rank
     assert spec["nodes"] == [[second.name, second.address], [third.name, third.name], [first.name, first.address]]
     env = gang_env(spec, name=first.name, address=first.address)
     assert hostlist.expand(env["YARD_NODELIST"]) == [second.name, third.name, first.name]
+
+
+@pytest.mark.django_db
+def test_the_ddp_tutorials_four_one_gpu_tasks_are_placed_on_four_distinct_nodes(cast, nodes):
+    """--nodes=4 --ntasks=4 --gpus-per-task=1: four replicas of one GPU, which one node's free GPUs
+    would hold; as in Slurm they get four nodes."""
+    from scheduling.cycle import run_cycle_once
+
+    body = real_text("pytorch-examples-sbatch_run.sh").encode()
+    response = token_client(cast.ann_token).generic("POST", "/api/v1/jobs", body, content_type="text/x-shellscript")
+    assert response.status_code == 201, response.json()
+    job = Job.objects.get(pk=response.json()["id"])
+    assert job.one_per_node and job.replicas == 4
+    assert job.pk in run_cycle_once().placed, Job.objects.get(pk=job.pk).pending_reason
+    assert len({t.node_id for t in Task.objects.filter(job=job)}) == 4
