@@ -74,6 +74,8 @@ def check_plan(snap: Snapshot, result: Plan, now: float) -> None:
             assert job.replicas > leaf_room(snap, job.gpu_type, job.gpus_per_replica), "a gang that fits one leaf spans leaves"
         if job.one_fabric:
             assert in_one_fabric(snap, p.nodes), f"one-fabric job {p.job_id} placed on {p.nodes}"
+        if job.one_per_node:
+            assert len(set(p.nodes)) == len(p.nodes), f"one-per-node job {p.job_id} placed on {p.nodes}"
 
     # No node given more cores or memory than it has: what its running replicas hold plus what this
     # plan places there (a node that does not say its cores or memory is not held to them).
@@ -158,3 +160,9 @@ def check_plan(snap: Snapshot, result: Plan, now: float) -> None:
     for res in result.reservations:
         if res.job_id in pending and pending[res.job_id].one_fabric and res.gpus:
             assert in_one_fabric(snap, [gpu_node[g].name for g in res.gpus]), f"one-fabric reservation {res}"
+    # ... and one for a one-per-node job at most one replica's GPUs on each node.
+    for res in result.reservations:
+        job = pending.get(res.job_id)
+        if job is not None and job.one_per_node and res.gpus:
+            per_node = Counter(gpu_node[g].name for g in res.gpus)
+            assert max(per_node.values()) <= job.gpus_per_replica, f"one-per-node reservation {res}"

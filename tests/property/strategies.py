@@ -162,6 +162,7 @@ def pending_job(job_id: str, draw: st.DrawFn) -> PendingJob:
         cpus_per_replica=draw(asks_cpus),
         memory_mb_per_replica=draw(asks_memory),
         one_fabric=draw(st.booleans()) and draw(st.booleans()),
+        one_per_node=draw(st.booleans()) and draw(st.booleans()),
     )
 
 
