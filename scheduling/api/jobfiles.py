@@ -1554,9 +1554,17 @@ _BODY_NEEDS = (
 )  # fmt: skip
 
 
+# An absolute path to a program or data file the script names (not one of the system's own directories).
+_ABSOLUTE_FILE = re.compile(
+    r"(?<![\w$}/.-])(/(?!(?:usr|bin|sbin|etc|dev|proc|sys|tmp|lib|lib64|opt/conda)/)[\w.+-]+(?:/[\w.+-]+)*"
+    r"\.(?:py|sh|bash|yaml|yml|json|toml|cfg|ini|txt|csv|ckpt|pt|pth|safetensors))(?![\w/])"
+)
+
+
 def _body_warnings(script: str) -> list[str]:
     """What the script's own commands need that Yardmaster's nodes may lack, said at submit."""
     found: list[str] = []
+    paths: list[str] = []
     for number, raw in enumerate(script.splitlines(), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -1565,6 +1573,10 @@ def _body_warnings(script: str) -> list[str]:
             if pattern.search(line):
                 found.append(f"line {number}: {line[:60]!r}: {why}")
                 break
+        for path in _ABSOLUTE_FILE.findall(line):
+            if path not in paths:
+                paths.append(path)
+                found.append(f"line {number}: {path} must exist on every node: the job runs on its nodes' file systems")
     return found
 
 

@@ -344,3 +344,24 @@ def test_on_failure_restarts_a_failed_rank_up_to_the_backoff_limit_and_never_a_s
     assert run("echo ran >> log; exit 0", 2).returncode == 0 and (tmp_path / "log").read_text() == "ran\n"
     assert run("echo ran >> log; exit 143", 2).returncode == 143 and (tmp_path / "log").read_text() == "ran\n" * 2
     assert run("echo ran >> log; exit 3", 0).returncode == 3 and (tmp_path / "log").read_text() == "ran\n" * 3
+
+
+def test_what_a_script_needs_from_its_nodes_is_said_at_submit_line_by_line() -> None:
+    body = (
+        "module load cuda/12.4\n"
+        "source ~/venvs/train/bin/activate\n"
+        "conda activate llm\n"
+        'head=$(srun -w "$node" hostname --ip-address)\n'
+        "squeue -u $USER\n"
+        "python /shared/train.py --data /datasets/c4.json\n"
+        "python /usr/lib/python3/x.py train.py\n"
+    )
+    t = jobfiles.translate(fmt="slurm", text="#!/bin/bash\n#SBATCH --gpus-per-node=1\n" + body)
+    said = "\n".join(t.warnings)
+    assert "line 3: 'module load cuda/12.4': environment modules (module load) must be installed" in said
+    assert "line 4: 'source ~/venvs/train/bin/activate': this file must exist on every node" in said
+    assert "line 5: 'conda activate llm': conda and this environment must exist on every node" in said
+    assert "only `srun -w NODE hostname [-i|-s]` answers for NODE" in said
+    assert "line 7: 'squeue -u $USER': Slurm's other commands do not exist here" in said
+    assert "line 8: /shared/train.py must exist on every node" in said and "/datasets/c4.json must exist" in said
+    assert "/usr/lib" not in said and "train.py must exist" not in said.replace("/shared/train.py must exist", "")
