@@ -76,6 +76,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--heartbeat-interval", type=float, dest="heartbeat_interval_s")
     parser.add_argument("--stop-after", type=float, dest="stop_after_s", help="stop workloads after this long without the portal")
     parser.add_argument(
+        "--fence-after", type=float, dest="fence_after_s", help="the watchdog stops workloads after this long without the agent"
+    )
+    parser.add_argument("--http-timeout", type=float, dest="http_timeout_s", help="timeout of one call to the portal")
+    parser.add_argument(
         "--run-as-owner",
         action="store_true",
         default=None,
@@ -132,6 +136,8 @@ def run(args: argparse.Namespace, file_values: dict[str, Any]) -> int:
             "state_dir",
             "heartbeat_interval_s",
             "stop_after_s",
+            "fence_after_s",
+            "http_timeout_s",
             "simulate",
             "topology_file",
             "sim_cpus",

@@ -28,7 +28,7 @@ from typing import Any
 from nodeagent import __version__, launcher, watchdog
 from nodeagent import journal as journal_mod
 from nodeagent.client import PortalClient
-from nodeagent.config import AgentConfig, with_portal_limits
+from nodeagent.config import AgentConfig, check_timeouts, with_portal_limits
 from nodeagent.heartbeat import Heartbeats, newest_mtime
 from nodeagent.identity import Identity, identity_of
 from nodeagent.journal import JournalData, TaskRecord
@@ -74,7 +74,7 @@ class Agent:
         self.identity: str | None = None
         # A fleet passes one watchdog for all its agents; a lone agent has its own.
         self.watchdog = guard or watchdog.WatchdogHandle(dirs=[self.state_dir], log_dir=self.state_dir)
-        self.link = PortalLink(log=self.log, clock=clock, max_backoff_s=config.heartbeat_interval_s)
+        self.link = PortalLink(log=self.log, clock=clock, max_backoff_s=config.heartbeat_interval_s, before_call=self.renew_lease)
         self.registration = Identity(self)
         self.heartbeats = Heartbeats(self)
         self.workloads = Workloads(self)
@@ -90,6 +90,12 @@ class Agent:
         token = self.registration.node_token()
         if token is None:
             return  # stopped while registering
+        problem = check_timeouts(self.config)
+        if problem is not None:
+            # Only the portal's limits can get here (build_config checks the agent's own).
+            raise AgentFatal(
+                f"with the portal's limits, {problem} (the portal's YARD_AGENT_FENCE_AFTER_S, YARD_HEARTBEAT_INTERVAL_S)"
+            )
         self.link.client = PortalClient(self.config.portal, token, timeout_s=self.config.http_timeout_s)
         self.identity = identity_of(token)
         self.renew_lease()  # before adopting: a watchdog about to fence our workloads must see us back
@@ -136,6 +142,18 @@ class Agent:
             window_s=answer.get("window_s"),
         )
         if updated != self.config:
+            if updated.http_timeout_s != self.config.http_timeout_s:
+                self.log.warning(
+                    "HTTP timeout shortened from %g s to %g s to fit the portal's fence_after_s=%g s and heartbeat interval %g s",
+                    self.config.http_timeout_s,
+                    updated.http_timeout_s,
+                    updated.fence_after_s,
+                    updated.heartbeat_interval_s,
+                )
+                if self.link.client is not None:
+                    self.link.client.timeout_s = updated.http_timeout_s
+            elif check_timeouts(updated) is not None:
+                self.log.error("the portal's limits do not fit: %s", check_timeouts(updated))
             self.config = updated
             self.link.backoff.max_s = updated.heartbeat_interval_s
             if save:

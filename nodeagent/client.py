@@ -23,10 +23,18 @@ class PortalUnreachable(Exception):
     """No usable answer: connection refused, timeout, or a 5xx. Retry later."""
 
 
+# The answers by which the portal says it is alive but did not take the call, and has recorded so: 503
+# "unavailable" (its database is down) and 503/429 "overloaded" (it shed the call). It counts the time
+# of either as blind, not as the node's silence (portal/middleware.py), so the agent may too.
+BLIND_CODES = frozenset({"unavailable", "overloaded"})
+BLIND_STATUSES = frozenset({429, 503})
+
+
 class PortalBlind(PortalUnreachable):
-    """The portal answered 503 {"code": "unavailable"}: it is alive but cannot see (its database is
-    down). It does not count this time as the node's silence, so neither does the agent
-    (docs/agent-api.md, *What the portal counts as silence*)."""
+    """The portal answered 503 {"code": "unavailable"} (its database is down) or 503/429
+    {"code": "overloaded"} (it shed the call): it is alive, did not take the call, and does not count
+    this time as the node's silence, so neither does the agent (docs/agent-api.md, *What the portal
+    counts as silence*). A 503 or 429 without such a code (a load balancer's page) promises nothing."""
 
     def __init__(self, message: str, retry_after_s: float | None) -> None:
         super().__init__(message)
@@ -71,8 +79,9 @@ class PortalClient:
                 return _decode(response.read())
         except urllib.error.HTTPError as exc:
             payload = _decode(exc.read())
-            if exc.code == 503 and payload.get("code") == "unavailable":
-                raise PortalBlind(f"portal unavailable: {payload.get('message', 'HTTP 503')}", _retry_after(exc)) from exc
+            if exc.code in BLIND_STATUSES and payload.get("code") in BLIND_CODES:
+                what = f"portal {payload['code']} (HTTP {exc.code}): {payload.get('message', '')}".rstrip(": ")
+                raise PortalBlind(what, _retry_after(exc)) from exc
             if exc.code >= 500:
                 raise PortalUnreachable(f"portal answered HTTP {exc.code}") from exc
             raise PortalError(exc.code, payload) from exc

@@ -5,6 +5,14 @@ a node that lost the portal must be gone before the portal declares the node DOW
 
     stop_after_s + MAX_GRACE_S + fence_grace_s + heartbeat_interval_s  <  NODE_DOWN_AFTER_S
     120          + 60          + 5             + 10                    =  195  <  300
+
+and with the node's watchdog, which fences once the agent's lease has not been renewed for
+fence_after_s: the agent renews it at every turn of its loop and before every call to the portal, so
+the longest a live agent leaves it is one call (at most http_timeout_s) and one turn, and a slow portal
+must never look like a dead agent (check_timeouts)::
+
+    http_timeout_s + heartbeat_interval_s  <  fence_after_s
+    10             + 10                    =  20  <  60
 """
 
 from __future__ import annotations
@@ -36,6 +44,9 @@ WINDOW_S = 60.0
 # A process group that outlives SIGKILL this long is stuck (D state, a hung driver): drain the node.
 UNKILLABLE_AFTER_S = 60.0
 HTTP_TIMEOUT_S = 10.0
+# Under a portal's short fence_after_s the agent shortens its HTTP timeout to fit (fit_http_timeout),
+# but not below this: a portal that leaves no more room than this is misconfigured.
+MIN_HTTP_TIMEOUT_S = 0.5
 BACKOFF_INITIAL_S = 1.0
 BACKOFF_MAX_S = 30.0
 # The supervision tick: how quickly exits, stops and log lines are noticed.
@@ -53,6 +64,7 @@ SIM_CPUS_PER_GPU = 14
 SIM_MEMORY_MB_PER_GPU = 256 * 1024
 
 assert STOP_AFTER_S + MAX_GRACE_S + FENCE_GRACE_S + HEARTBEAT_INTERVAL_S < NODE_DOWN_AFTER_S
+assert HTTP_TIMEOUT_S + HEARTBEAT_INTERVAL_S < FENCE_AFTER_S
 
 
 class ConfigError(Exception):
@@ -185,7 +197,34 @@ def build_config(*, file_values: dict[str, Any], cli_values: dict[str, Any]) -> 
             f"stop_after_s={config.stop_after_s} is too long: stale work would outlive the portal's "
             f"{NODE_DOWN_AFTER_S:.0f} s DOWN timeout (see nodeagent/config.py)"
         )
+    problem = check_timeouts(config)
+    if problem is not None:
+        raise ConfigError(problem)
     return config
+
+
+def check_timeouts(config: AgentConfig) -> str | None:
+    """Why this HTTP timeout, heartbeat interval and fence do not fit together (None: they do).
+
+    One call that takes the whole HTTP timeout must not let the watchdog fence a live agent's work."""
+    if config.http_timeout_s + config.heartbeat_interval_s < config.fence_after_s:
+        return None
+    return (
+        f"fence_after_s={config.fence_after_s:g} must be longer than http_timeout_s={config.http_timeout_s:g} + "
+        f"heartbeat_interval_s={config.heartbeat_interval_s:g}: one slow answer from the portal would let the "
+        f"watchdog stop the workloads of a live agent; raise --fence-after (fence_after_s) or shorten "
+        f"--http-timeout (http_timeout_s) or --heartbeat-interval (heartbeat_interval_s)"
+    )
+
+
+def fit_http_timeout(config: AgentConfig) -> AgentConfig:
+    """Shorten the HTTP timeout to fit the fence (check_timeouts), as the portal's limits may require:
+    the agent must adopt the portal's fence_after_s (its requeue arithmetic rests on it), and a shorter
+    timeout only makes a slow call fail sooner. Not below MIN_HTTP_TIMEOUT_S."""
+    if check_timeouts(config) is None:
+        return config
+    fitted = 0.8 * (config.fence_after_s - config.heartbeat_interval_s)
+    return replace(config, http_timeout_s=fitted) if fitted >= MIN_HTTP_TIMEOUT_S else config
 
 
 def _number(value: Any) -> float | None:
@@ -214,4 +253,4 @@ def with_portal_limits(
         updated = replace(updated, max_grace_s=float(max_grace_s))
     if (value := _number(window_s)) is not None:
         updated = replace(updated, window_s=value)  # the portal's grain, as given: its windows must line up
-    return updated
+    return fit_http_timeout(updated)

@@ -3,10 +3,16 @@
 The silence clock is what agent-side liveness reads (nodeagent/stopping.py): seconds since the portal
 last *accepted a heartbeat* (that alone is what the portal's liveness counts), less the time the portal
 said it was blind. A portal that answers 503 ``{"code": "unavailable"}`` is alive but cannot see — its
-database is down — and it does not count that time against the node either (it records it as a blind
-spell), so the clock pauses between two such answers; a timeout or a refused connection proves
-nothing, so the clock runs on. Either way the workloads keep running until the clock passes
-``stop_after_s`` (docs/agent-api.md, *What the portal counts as silence*).
+database is down — and one that answers 503/429 ``{"code": "overloaded"}`` is alive and shedding; it
+does not count that time against the node either (it records it as a blind spell), so such an answer
+is as good as an accepted heartbeat for this clock: it pauses between two of them. A timeout or a
+refused connection proves nothing, so the clock runs on. Either way the workloads keep running until
+the clock passes ``stop_after_s`` (docs/agent-api.md, *What the portal counts as silence*).
+
+Each pause is at most ``cover_s`` (the heartbeat interval) from the *sending* of the blind answer's
+request: the portal counts [its answer, its latest answer + one heartbeat interval] as blind
+(scheduling/agent/liveness.py), so the agent never pauses for time the portal counts. A Retry-After
+is honoured with jitter, and capped at that same interval, so a shedding spell stays one spell.
 """
 
 from __future__ import annotations
@@ -40,15 +46,26 @@ class CallStats:
 
 
 class PortalLink:
-    def __init__(self, *, log: logging.LoggerAdapter[logging.Logger], clock: Callable[[], float], max_backoff_s: float) -> None:
+    def __init__(
+        self,
+        *,
+        log: logging.LoggerAdapter[logging.Logger],
+        clock: Callable[[], float],
+        max_backoff_s: float,
+        before_call: Callable[[], None] | None = None,
+    ) -> None:
         self.log = log
         self.clock = clock
+        # Renews the watchdog's lease before each call, so that however many calls a turn of the loop
+        # makes, the lease waits at most one HTTP timeout (config.check_timeouts).
+        self.before_call = before_call
         self.client: PortalClient | None = None
         self.backoff = Backoff(initial_s=BACKOFF_INITIAL_S, max_s=max_backoff_s)
         self.retry_at = 0.0
         self.last_contact = clock()  # the portal last accepted a heartbeat
         self.paused_s = 0.0  # of the time since, how much the portal said it was blind
-        self.last_blind_at: float | None = None
+        self.last_blind_at: float | None = None  # when the latest blind answer came
+        self.blind_sent_at: float | None = None  # when its request went out
         self.lost = False  # agent-side liveness tripped (set by stopping.py)
         self._logged_at = -_LOG_EVERY_S
         self.stats: dict[str, CallStats] = {}
@@ -56,6 +73,11 @@ class PortalLink:
     def ok(self, now: float) -> bool:
         """May a call go out now (not inside a backoff)?"""
         return now >= self.retry_at
+
+    @property
+    def cover_s(self) -> float:
+        """How long after a blind answer's request the portal surely counts as blind: one heartbeat interval."""
+        return self.backoff.max_s
 
     def silence(self) -> float:
         """Seconds of silence as the portal counts it: since the last accepted heartbeat, less blind time."""
@@ -68,20 +90,24 @@ class PortalLink:
         assert self.client is not None
         kind = path.rsplit("/", 1)[-1]  # heartbeat, status, logs, drain
         stats = self.stats.setdefault(kind, CallStats())
+        if self.before_call is not None:
+            self.before_call()
         began = time.monotonic()
+        sent_at = self.clock()
         try:
             answer = self.client.post(path, body)
         except PortalBlind as exc:
             stats.blind += 1
             now = self.clock()
-            if self.last_blind_at is not None:
-                self.paused_s += now - self.last_blind_at
-            self.last_blind_at = now
-            self._wait(f"portal blind on {path} ({exc}); workloads keep running", retry_after=exc.retry_after_s)
+            if self.last_blind_at is not None and self.blind_sent_at is not None:
+                # Paused from the previous blind answer to this one, but never past what the portal counts.
+                self.paused_s += max(0.0, min(now, self.blind_sent_at + self.cover_s) - self.last_blind_at)
+            self.last_blind_at, self.blind_sent_at = now, sent_at
+            self._wait(f"{exc} on {path}; workloads keep running", retry_after=exc.retry_after_s)
             return None
         except PortalUnreachable as exc:
             stats.unreachable += 1
-            self.last_blind_at = None  # nothing is known of the time since: it counts
+            self.last_blind_at = self.blind_sent_at = None  # nothing is known of the time since: it counts
             self._wait(f"portal unreachable on {path} ({exc})")
             return None
         except PortalError:
@@ -98,7 +124,7 @@ class PortalLink:
         """The portal recorded a heartbeat: the silence clock starts again from zero."""
         self.last_contact = self.clock()
         self.paused_s = 0.0
-        self.last_blind_at = None
+        self.last_blind_at = self.blind_sent_at = None
         if self.lost:
             self.log.info("portal reachable again")
             self.lost = False
@@ -111,7 +137,9 @@ class PortalLink:
         now = self.clock()
         delay = self.backoff.next_delay()
         if retry_after is not None:
-            delay = max(delay, min(retry_after, self.backoff.max_s))
+            # Not sooner than asked (unless that is past the cap), spread over up to half as much again.
+            cap = self.backoff.max_s
+            delay = self.backoff.rng.uniform(min(retry_after, 0.75 * cap), min(cap, 1.5 * retry_after))
         self.retry_at = now + delay
         if now - self._logged_at >= _LOG_EVERY_S:
             self._logged_at = now

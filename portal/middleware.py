@@ -71,6 +71,20 @@ def unavailable(request: HttpRequest, exc: BaseException | None = None) -> HttpR
     return response
 
 
+def overloaded(request: HttpRequest, *, retry_after_s: float, status: int = 503) -> HttpResponse:
+    """The answer to a request the portal sheds (503, or 429 for a client over its share), with
+    Retry-After jittered from `retry_after_s`. To an agent, ``"code": "overloaded"`` is the promise that
+    the portal counts this time as blind, not as the node's silence (docs/agent-api.md): the agent takes
+    it as an answer and does not fence, so the time is recorded first, as for a database outage."""
+    import random
+
+    recorded = _record_blind() if request.path.startswith("/api/agent/") else True
+    message = "The portal is overloaded and did not take this request; nothing was changed. Retry after Retry-After."
+    response = _json(status, {"code": "overloaded" if recorded else "overloaded_unrecorded", "message": message, "fields": {}})
+    response["Retry-After"] = str(max(1, round(retry_after_s * random.uniform(1.0, 1.5))))
+    return response
+
+
 def too_large(request: HttpRequest) -> HttpResponse:
     from django.conf import settings
 

@@ -47,6 +47,13 @@ class FakePortal:
         self.limits: dict[str, float] = {}
         self.port = 0
         self.server: ThreadingHTTPServer | None = None
+        # While set (shed()), every node call is answered with this status, body and Retry-After.
+        self.shedding: tuple[int, dict[str, Any], str] | None = None
+        self.shed_count = 0
+        self.shed_first: float | None = None
+        # While hanging (hang()), node calls are accepted and never answered, until released.
+        self.hanging = False
+        self.release = threading.Event()
 
     # -- server lifecycle ------------------------------------------------------------------------
     def start(self) -> FakePortal:
@@ -62,12 +69,18 @@ class FakePortal:
                     return
                 auth = self.headers.get("Authorization", "")
                 token = auth.removeprefix("Bearer ") if auth.startswith("Bearer ") else ""
+                shed = portal.shed_answer(self.path)
+                if shed is not None:
+                    self._answer(shed[0], shed[1], {"Retry-After": shed[2]})
+                    return
                 status, answer = portal.handle(self.path, token, body)
                 self._answer(status, answer)
 
-            def _answer(self, status: int, answer: dict[str, Any]) -> None:
+            def _answer(self, status: int, answer: dict[str, Any], headers: dict[str, str] | None = None) -> None:
                 payload = json.dumps(answer).encode()
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
@@ -84,6 +97,7 @@ class FakePortal:
 
     def stop(self) -> None:
         """Go down: connections are refused until `start()` again (same port, same state)."""
+        self.release.set()
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
@@ -94,6 +108,38 @@ class FakePortal:
         return f"http://127.0.0.1:{self.port}"
 
     # -- what tests use --------------------------------------------------------------------------
+    def shed(self, status: int | None, body: dict[str, Any] | None = None, retry_after: str = "1") -> None:
+        """Answer every node call with `status` and `body` (the portal shedding, or a load balancer's 503)
+        until shed(None)."""
+        with self.lock:
+            self.shedding = None if status is None else (status, body or {}, retry_after)
+            self.shed_count, self.shed_first = 0, None
+
+    def hang(self, on: bool = True) -> None:
+        """Take every node call and never answer it (a portal stuck on its database) until hang(False)."""
+        with self.lock:
+            self.hanging = on
+            if on:
+                self.release.clear()
+            else:
+                self.release.set()
+
+    def shed_answer(self, path: str) -> tuple[int, dict[str, Any], str] | None:
+        if self.hanging and not path.endswith("/register"):
+            self.release.wait(60)
+        with self.lock:
+            if self.shedding is None or path.endswith("/register"):
+                return None
+            self.shed_count += 1
+            if self.shed_first is None:
+                self.shed_first = time.monotonic()
+            return self.shedding
+
+    def shedding_for(self) -> float:
+        """Seconds since the first call shed in this spell (0 before it)."""
+        with self.lock:
+            return 0.0 if self.shed_first is None else time.monotonic() - self.shed_first
+
     def add_node(self, name: str) -> str:
         """Register a node up front; returns its node token."""
         token = "ynd_" + secrets.token_hex(8)
