@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,10 @@ CONFIG_NAME = "config.toml"
 # the Retry-After the server gives, a few times, before it is reported.
 RETRIES = 4
 MAX_RETRY_WAIT_S = 30.0
+# The creates the API deduplicates by Idempotency-Key (scheduling/api/views.py): each submission sends
+# one, the caller's or a fresh one, kept across its retries, so a retry whose first answer was lost
+# (a timeout, a dropped connection) returns the job it made instead of making a second.
+IDEMPOTENT_CREATES = frozenset({"/api/v1/jobs", "/api/v1/notebooks"})
 
 
 class ApiError(Exception):
@@ -117,9 +122,20 @@ class Api:
         return cls(url, token)
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        keyed = method == "POST" and path.rstrip("/") in IDEMPOTENT_CREATES
+        if keyed:
+            headers = dict(kwargs.get("headers") or {})
+            if not any(name.lower() == "idempotency-key" for name in headers):
+                headers["Idempotency-Key"] = f"yard-{uuid.uuid4()}"
+            kwargs["headers"] = headers
         for attempt in range(RETRIES + 1):
             try:
                 response = self.http.request(method, path, **kwargs)
+            except httpx.TransportError as exc:
+                if keyed and attempt < RETRIES:  # safe: the key makes a second arrival a replay
+                    time.sleep(min(2.0**attempt, MAX_RETRY_WAIT_S))
+                    continue
+                raise ApiError(0, None, f"Cannot reach {self.url}: {exc}") from None
             except httpx.HTTPError as exc:
                 raise ApiError(0, None, f"Cannot reach {self.url}: {exc}") from None
             if response.status_code in (429, 503) and attempt < RETRIES:

@@ -376,7 +376,8 @@ def _submit(
     request["headers"] = {**request["headers"], **headers}
     response = api.request("POST", "/api/v1/jobs", **request)
     job = response.json()
-    replay = response.status_code == 200
+    # A 200 to the key the client made itself is its own retry landing, not an earlier submission.
+    replay = response.status_code == 200 and bool(idempotency_key)
     if as_json and not wait:
         _print_json(job)
         return
