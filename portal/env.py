@@ -102,6 +102,57 @@ def env_int_set(name: str, default: frozenset[int]) -> frozenset[int]:
     return frozenset(int(item) for item in items)
 
 
+def postgres_bounds(program: str) -> dict[str, object]:
+    """libpq options that bound every wait on PostgreSQL, so a slow, half-open or dead database costs a
+    request seconds (a 503) instead of a thread for ever, and a dropped connection is noticed:
+
+    - ``connect_timeout`` (YARD_DB_CONNECT_TIMEOUT_S, 5): the longest a new connection may take, TCP and
+      start-up together; a database that accepts and says nothing costs a request this long.
+    - ``keepalives``, ``keepalives_idle``/``_interval``/``_count`` (YARD_DB_KEEPALIVES_IDLE_S 10,
+      YARD_DB_KEEPALIVES_INTERVAL_S 5, YARD_DB_KEEPALIVES_COUNT 3): an idle pooled connection whose server
+      vanished is found dead in about idle + interval x count = 25 s.
+    - ``tcp_user_timeout`` (YARD_DB_TCP_USER_TIMEOUT_MS, 10000; libpq >= 12): data sent and not
+      acknowledged for this long breaks the connection, which is what frees a query in flight when the
+      server's host or the network between goes away (keepalives only probe idle connections).
+    - ``statement_timeout`` (YARD_DB_STATEMENT_TIMEOUT_MS): the server cancels a statement that runs (or
+      waits for a lock) longer; 15 s in the web tier (a request nobody waits for any more), 120 s in the
+      Celery worker (a cycle's statements, under its 240 s soft time limit), 0 (none) for manage.py, whose
+      migrations may rightly run long. Set the variable to override whichever default applies.
+
+    A server that acknowledges and never answers (hung, or a proxy that forwards nothing) trips none of
+    these; the client-side deadline in portal/pg/base.py (CLIENT_TIMEOUT_S) covers it.
+    """
+    if "celery" in program:
+        default_statement_ms = 120_000
+    elif program == "manage.py":
+        default_statement_ms = 0
+    else:
+        default_statement_ms = 15_000
+    statement_ms = env_int("YARD_DB_STATEMENT_TIMEOUT_MS", default_statement_ms, minimum=0)
+    bounds: dict[str, object] = {
+        "connect_timeout": env_int("YARD_DB_CONNECT_TIMEOUT_S", 5, minimum=1),
+        "keepalives": 1,
+        "keepalives_idle": env_int("YARD_DB_KEEPALIVES_IDLE_S", 10, minimum=1),
+        "keepalives_interval": env_int("YARD_DB_KEEPALIVES_INTERVAL_S", 5, minimum=1),
+        "keepalives_count": env_int("YARD_DB_KEEPALIVES_COUNT", 3, minimum=1),
+        "tcp_user_timeout": env_int("YARD_DB_TCP_USER_TIMEOUT_MS", 10_000, minimum=0),
+    }
+    if statement_ms:
+        bounds["options"] = f"-c statement_timeout={statement_ms}"
+    return bounds
+
+
+def _statement_timeout_ms(libpq_options: str) -> int:
+    """The statement_timeout a libpq ``options`` string sets (milliseconds), 0 if none."""
+    for word in libpq_options.replace("-c", " ").split():
+        if word.startswith("statement_timeout="):
+            try:
+                return int(word.split("=", 1)[1])
+            except ValueError:
+                return 0
+    return 0
+
+
 def database_from_url(url: str, *, base_dir: Path) -> dict[str, object]:
     """Turn DATABASE_URL into a Django DATABASES entry (postgres:// or sqlite:///path)."""
     parts = urlsplit(url)
@@ -109,13 +160,17 @@ def database_from_url(url: str, *, base_dir: Path) -> dict[str, object]:
         name = unquote(parts.path.lstrip("/"))
         if not name:
             raise ImproperlyConfiguredEnv(f"DATABASE_URL={url!r} names no database; add /DBNAME to it")
-        options = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+        options: dict[str, object] = {key: values[-1] for key, values in parse_qs(parts.query).items()}
         # Which part of Yardmaster holds a session, in pg_stat_activity (a lock held too long, too many
         # connections): "yardmaster gunicorn 1234", "yardmaster celery 1240". ?application_name= wins.
         program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
         options.setdefault("application_name", f"yardmaster {program[:30]} {os.getpid()}")
+        for key, value in postgres_bounds(program).items():
+            options.setdefault(key, value)  # ?connect_timeout=... in the URL wins
+        statement_ms = _statement_timeout_ms(str(options.get("options", "")))
         return {
-            "ENGINE": "django.db.backends.postgresql",
+            # Django's PostgreSQL backend with a client-side deadline on every round trip (portal/pg/base.py).
+            "ENGINE": "portal.pg",
             "NAME": name,
             "USER": unquote(parts.username or ""),
             "PASSWORD": unquote(parts.password or ""),
@@ -124,6 +179,12 @@ def database_from_url(url: str, *, base_dir: Path) -> dict[str, object]:
             "OPTIONS": options,
             "CONN_MAX_AGE": 60,
             "CONN_HEALTH_CHECKS": True,
+            # The longest one round trip may take before the client gives up on the connection (portal/pg):
+            # by default the statement timeout plus 5 s, so the server's own cancel comes first; with no
+            # statement timeout, none. YARD_DB_CLIENT_TIMEOUT_S overrides (0: none).
+            "CLIENT_TIMEOUT_S": env_float(
+                "YARD_DB_CLIENT_TIMEOUT_S", statement_ms / 1000 + 5 if statement_ms else 0.0, minimum=0
+            ),
         }
     if parts.scheme == "sqlite":
         path = url[len("sqlite:///") :] if url.startswith("sqlite:///") else ""

@@ -119,11 +119,12 @@ else:
     # workers x threads connections from the web tier (tests/demo/test_gunicorn.py counts them), where
     # runserver's thread per request leaked one connection per request thread.
     DATABASES["default"]["CONN_MAX_AGE"] = env_int("YARD_DB_CONN_MAX_AGE", 60, minimum=0)
-    # No health check (a "SELECT 1" round trip before every request's first query): after an outage the
-    # first request on a dead connection answers 503 (portal/middleware.py) and Django drops the
-    # connection at its end, so the next one reconnects. Worth it on a path every node calls every
-    # few seconds; YARD_DB_HEALTH_CHECKS=1 turns it back on.
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = env_bool("YARD_DB_HEALTH_CHECKS", False)
+    # A health check (a "SELECT 1" round trip before a request's first query on a kept connection): a
+    # connection the database dropped while it sat idle (a restart, a failover) is replaced before the
+    # request uses it, so recovery costs no 503; one that hangs is bounded like any other round trip
+    # (portal/env.py, portal/pg/base.py). YARD_DB_HEALTH_CHECKS=0 saves the round trip: then the first
+    # request on a dead connection answers 503 (portal/middleware.py) and Django drops it at its end.
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = env_bool("YARD_DB_HEALTH_CHECKS", True)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -213,7 +214,17 @@ REDIS_URL = env_str("REDIS_URL", "")
 if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": 3600}
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    # A dead or hung Redis answers a cache call in about a second (an exception the caller degrades on,
+    # or a 503 from portal/middleware.py), never holds a web thread: YARD_REDIS_TIMEOUT_S bounds both the
+    # connect and each command.
+    _REDIS_TIMEOUT_S = env_float("YARD_REDIS_TIMEOUT_S", 1.0, minimum=0.05)
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "OPTIONS": {"socket_connect_timeout": _REDIS_TIMEOUT_S, "socket_timeout": _REDIS_TIMEOUT_S},
+        }
+    }
 else:
     # kombu's filesystem transport works across processes (memory:// does not): the web
     # process, the worker and beat of `make run` share it with no broker to install.

@@ -1,0 +1,66 @@
+"""Every PostgreSQL connection is bounded (portal/env.py): defaults per process, overrides from the
+environment and the URL, and a bad value stops start-up naming the variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from portal.env import ImproperlyConfiguredEnv, database_from_url, postgres_bounds
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_web_tier_gets_every_bound_by_default() -> None:
+    db = database_from_url("postgres://u@db.example/yard", base_dir=ROOT)
+    options = db["OPTIONS"]
+    assert isinstance(options, dict)
+    expected = {
+        "connect_timeout": 5,
+        "keepalives": 1,
+        "keepalives_idle": 10,
+        "keepalives_interval": 5,
+        "keepalives_count": 3,
+        "tcp_user_timeout": 10000,
+        "options": "-c statement_timeout=15000",
+    }
+    assert {key: options[key] for key in expected} == expected
+    assert db["ENGINE"] == "portal.pg" and db["CONN_HEALTH_CHECKS"] is True
+    assert db["CLIENT_TIMEOUT_S"] == 20.0  # the server's cancel first, then the client's deadline
+
+
+def test_the_worker_gets_a_longer_statement_timeout_and_manage_py_none() -> None:
+    assert postgres_bounds("celery")["options"] == "-c statement_timeout=120000"
+    assert "options" not in postgres_bounds("manage.py")
+    assert postgres_bounds("gunicorn")["options"] == "-c statement_timeout=15000"
+
+
+def test_the_environment_and_the_url_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("YARD_DB_STATEMENT_TIMEOUT_MS", "5000")
+    monkeypatch.setenv("YARD_DB_TCP_USER_TIMEOUT_MS", "3000")
+    db = database_from_url("postgres://u@db.example/yard?connect_timeout=2", base_dir=ROOT)
+    options = db["OPTIONS"]
+    assert isinstance(options, dict)
+    assert (options["connect_timeout"], options["tcp_user_timeout"], options["options"]) == (
+        "2", 3000, "-c statement_timeout=5000",
+    )  # fmt: skip
+    assert db["CLIENT_TIMEOUT_S"] == 10.0
+    monkeypatch.setenv("YARD_DB_CLIENT_TIMEOUT_S", "0")
+    assert database_from_url("postgres://u@db.example/yard", base_dir=ROOT)["CLIENT_TIMEOUT_S"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("YARD_DB_CONNECT_TIMEOUT_S", "5s", "YARD_DB_CONNECT_TIMEOUT_S='5s' is not an integer"),
+        ("YARD_DB_CONNECT_TIMEOUT_S", "0", "must be at least 1"),
+        ("YARD_DB_STATEMENT_TIMEOUT_MS", "-1", "must be at least 0"),
+        ("YARD_DB_KEEPALIVES_COUNT", "many", "is not an integer"),
+        ("YARD_DB_CLIENT_TIMEOUT_S", "soon", "is not a number"),
+    ],
+)
+def test_a_bad_bound_stops_start_up_naming_it(monkeypatch: pytest.MonkeyPatch, name: str, value: str, message: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ImproperlyConfiguredEnv, match=message):
+        database_from_url("postgres://u@db.example/yard", base_dir=ROOT)
