@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import time
 from collections.abc import Callable
 
@@ -26,9 +27,20 @@ RETRY_AFTER_S = 5
 # "unavailable" pauses its silence clock, so the portal must not count that time either).
 BLIND_SINCE_KEY = "yard:web-blind:since"
 BLIND_LATEST_KEY = "yard:web-blind:latest"
-# psycopg's and sqlite3's "server gone" errors arrive as these two; an IntegrityError or a
-# ProgrammingError is a bug or bad input, not an outage, and keeps its usual handling.
+# psycopg's and sqlite3's "server gone" errors arrive as these two, and so do a statement the server
+# cancelled at statement_timeout (psycopg's QueryCanceled is an OperationalError) and a round trip past
+# the client's deadline (portal/pg/base.py); an IntegrityError or a ProgrammingError is a bug or bad
+# input, not an outage, and keeps its usual handling.
 DATABASE_DOWN = (OperationalError, InterfaceError)
+# Redis unreachable or too slow (the cache's socket timeouts, portal/settings.py). What needs Redis
+# degrades where it is used; this is the safety net that keeps the rest from becoming a 500.
+try:
+    from redis.exceptions import ConnectionError as _RedisConnectionError
+    from redis.exceptions import TimeoutError as _RedisTimeoutError
+
+    CACHE_DOWN: tuple[type[BaseException], ...] = (_RedisConnectionError, _RedisTimeoutError)
+except ImportError:  # pragma: no cover - redis is a dependency; the SQLite demo does not use it
+    CACHE_DOWN = ()
 
 
 def _is_api(request: HttpRequest) -> bool:
@@ -56,6 +68,8 @@ def _record_blind() -> bool:
 
 def unavailable(request: HttpRequest, exc: BaseException | None = None) -> HttpResponse:
     message = "The portal's database is unreachable; nothing was changed. Retry in a few seconds."
+    if CACHE_DOWN and isinstance(exc, CACHE_DOWN):
+        message = "The portal's cache (Redis) is unreachable; nothing was changed. Retry in a few seconds."
     if _is_api(request):
         # "unavailable" is a promise to the agents (docs/agent-api.md): only make it once it is recorded.
         code = "unavailable" if _record_blind() else "unavailable_unrecorded"
@@ -67,7 +81,8 @@ def unavailable(request: HttpRequest, exc: BaseException | None = None) -> HttpR
             status=503,
             content_type="text/html",
         )
-    response["Retry-After"] = str(RETRY_AFTER_S)
+    # Jittered (5-7 s), so clients turned away together do not all come back in the same second.
+    response["Retry-After"] = str(RETRY_AFTER_S + random.randint(0, 2))
     return response
 
 
@@ -109,6 +124,9 @@ class FaultAnswersMiddleware:
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if isinstance(exception, DATABASE_DOWN):
             log.warning("database unreachable on %s %s: %s", request.method, request.path, exception)
+            return unavailable(request, exception)
+        if CACHE_DOWN and isinstance(exception, CACHE_DOWN):
+            log.warning("cache unreachable on %s %s: %s", request.method, request.path, exception)
             return unavailable(request, exception)
         if isinstance(exception, RequestDataTooBig):
             return too_large(request)

@@ -4,16 +4,25 @@
         url = f"postgres://postgres@127.0.0.1:{proxy.port}/db"
         proxy.cut()       # every connection through it is reset, new ones are refused
         proxy.restore()   # connections are accepted and forwarded again
+        proxy.hang()      # half-open: connections stay up and new ones are accepted, nothing is forwarded
+        proxy.delay_s = 1 # every answer from the server arrives this much later (latency per round trip)
 
 The shared PostgreSQL keeps running for everyone else: only what goes through the proxy loses it.
 ``refuse_with`` makes it answer every new connection with fixed bytes instead (an HTTP 503 page, say).
+
+A hung proxy's kernel still acknowledges every packet, so to the client it is a server that takes
+everything and never answers (a hung or stopped server): TCP keepalives and tcp_user_timeout do not
+fire, only the client's own deadlines do. What was sent while hung is dropped; restore() resets those
+connections, as their streams have a hole.
 """
 
 from __future__ import annotations
 
 import contextlib
+import queue
 import socket
 import threading
+import time
 from typing import Any
 
 
@@ -27,6 +36,11 @@ class TcpProxy:
         self.port: int = self.listener.getsockname()[1]
         self.open = True
         self.refuse_with: bytes | None = None
+        self.hung = False
+        self.delay_s = 0.0
+        self.dropped_bytes = 0
+        self.held: list[socket.socket] = []  # accepted while hung, never connected upstream
+        self.holed: set[socket.socket] = set()  # pairs (by their client socket) that lost bytes while hung
         self.lock = threading.Lock()
         self.pairs: list[tuple[socket.socket, socket.socket]] = []
         self.accepted = 0
@@ -57,8 +71,28 @@ class TcpProxy:
                     s.close()
 
     def restore(self) -> None:
+        """Forward again (after cut() or hang()); connections that lost bytes while hung are reset."""
         with self.lock:
             self.open = True
+            self.hung = False
+            held, self.held = self.held, []
+            holed, self.holed = self.holed, set()
+            broken = [pair for pair in self.pairs if pair[0] in holed]
+            self.pairs = [pair for pair in self.pairs if pair[0] not in holed]
+        for s in held + [s for pair in broken for s in pair]:
+            with contextlib.suppress(OSError):
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                s.close()
+
+    def hang(self) -> None:
+        """Half-open: keep every connection and accept new ones, forward nothing either way."""
+        with self.lock:
+            self.hung = True
+
+    def _hold(self, client: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while client.recv(65536):
+                pass
 
     def _serve(self) -> None:
         while not self.stopping:
@@ -68,6 +102,12 @@ class TcpProxy:
                 return
             with self.lock:
                 admit = self.open and not self.stopping
+                if admit and self.hung:
+                    self.held.append(client)
+            if admit and self.hung:
+                self.accepted += 1
+                threading.Thread(target=self._hold, args=(client,), daemon=True).start()
+                continue
             if not admit:
                 self.refused += 1
                 with contextlib.suppress(OSError):
@@ -90,21 +130,45 @@ class TcpProxy:
             self.accepted += 1
             with self.lock:
                 self.pairs.append((client, upstream))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+            for a, b, delayed in ((client, upstream, False), (upstream, client, True)):
+                threading.Thread(target=self._pump, args=(a, b, client, delayed), daemon=True).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(self, source: socket.socket, sink: socket.socket, client: socket.socket, delayed: bool) -> None:
+        # The reader takes bytes as they come; a writer sends each chunk when it is due, so a delay adds
+        # latency to every answer without serialising the chunks of one answer behind each other.
+        due: queue.Queue[tuple[float, bytes] | None] = queue.Queue()
+        writer = threading.Thread(target=self._write, args=(due, sink), daemon=True)
+        writer.start()
         try:
             while True:
                 data = source.recv(65536)
                 if not data:
                     break
-                sink.sendall(data)
+                if self.hung:
+                    with self.lock:
+                        self.dropped_bytes += len(data)
+                        self.holed.add(client)
+                    continue
+                due.put((time.monotonic() + (self.delay_s if delayed else 0.0), data))
         except OSError:
             pass
         finally:
+            due.put(None)
+            writer.join(timeout=self.delay_s + 5)
             for s in (source, sink):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
             with self.lock:
                 self.pairs = [p for p in self.pairs if source not in p]
+
+    @staticmethod
+    def _write(due: queue.Queue[tuple[float, bytes] | None], sink: socket.socket) -> None:
+        try:
+            while (item := due.get()) is not None:
+                at, data = item
+                wait = at - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)  # the latency being simulated
+                sink.sendall(data)
+        except OSError:
+            pass
