@@ -102,6 +102,12 @@ def env_int_set(name: str, default: frozenset[int]) -> frozenset[int]:
     return frozenset(int(item) for item in items)
 
 
+def _program() -> str:
+    """This process's program: "gunicorn", "celery", "manage.py" (`python -m celery` runs .../celery/__main__.py)."""
+    path = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path("python")
+    return path.parent.name if path.name == "__main__.py" else path.name
+
+
 def postgres_bounds(program: str) -> dict[str, object]:
     """libpq options that bound every wait on PostgreSQL, so a slow, half-open or dead database costs a
     request seconds (a 503) instead of a thread for ever, and a dropped connection is noticed:
@@ -163,7 +169,7 @@ def database_from_url(url: str, *, base_dir: Path) -> dict[str, object]:
         options: dict[str, object] = {key: values[-1] for key, values in parse_qs(parts.query).items()}
         # Which part of Yardmaster holds a session, in pg_stat_activity (a lock held too long, too many
         # connections): "yardmaster gunicorn 1234", "yardmaster celery 1240". ?application_name= wins.
-        program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+        program = _program()
         options.setdefault("application_name", f"yardmaster {program[:30]} {os.getpid()}")
         for key, value in postgres_bounds(program).items():
             options.setdefault(key, value)  # ?connect_timeout=... in the URL wins

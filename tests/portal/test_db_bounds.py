@@ -64,3 +64,11 @@ def test_a_bad_bound_stops_start_up_naming_it(monkeypatch: pytest.MonkeyPatch, n
     monkeypatch.setenv(name, value)
     with pytest.raises(ImproperlyConfiguredEnv, match=message):
         database_from_url("postgres://u@db.example/yard", base_dir=ROOT)
+
+
+def test_python_dash_m_celery_is_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.argv", ["/venv/lib/python3.11/site-packages/celery/__main__.py", "-A", "portal", "worker"])
+    options = database_from_url("postgres://u@db.example/yard", base_dir=ROOT)["OPTIONS"]
+    assert isinstance(options, dict)
+    assert options["options"] == "-c statement_timeout=120000"
+    assert str(options["application_name"]).startswith("yardmaster celery ")
