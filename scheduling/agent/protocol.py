@@ -13,6 +13,7 @@ Unknown keys are ignored, so a newer agent may send fields this portal does not 
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -60,7 +61,11 @@ class Float:
     def check(self, value: Any) -> str | None:
         if type(value) not in (int, float):
             return "must be a number"
-        if not (math.isfinite(value) and self.minimum <= value <= self.maximum):
+        # An int compares exactly whatever its size (math.isfinite(10**400) raises OverflowError); a float
+        # may be NaN or infinite (JSON's NaN, Infinity, 1e999), which no bound refuses on its own.
+        if type(value) is float and not math.isfinite(value):
+            return f"must be a finite number between {self.minimum:g} and {self.maximum:g}"
+        if not self.minimum <= value <= self.maximum:
             return f"must be between {self.minimum:g} and {self.maximum:g}"
         return None
 
@@ -155,6 +160,15 @@ def openapi(spec: Spec) -> dict[str, Any]:
     if spec.nullable:
         out = {**out, "nullable": True}
     return out
+
+
+def parse(body: bytes) -> Any:
+    """A request body as JSON (empty: null); raises Invalid, naming "body", for text that is not JSON or
+    nests deeper than Python's decoder recurses (a 1 MiB body of "[" is a RecursionError otherwise)."""
+    try:
+        return json.loads(body or b"null")
+    except (ValueError, RecursionError):  # ValueError covers an integer of over 4300 digits too
+        raise Invalid({"body": ["not valid JSON"]}) from None
 
 
 def validate(spec: Obj, data: Any) -> dict[str, Any]:

@@ -65,11 +65,7 @@ def agent_endpoint(*, schema: protocol.Obj, credential: type[Node] | type[Enrolm
                     return _error("unauthorized", 401, message=ENROLMENT_REFUSED)
                 return _error("unauthorized", 401)
             try:
-                body = json.loads(request.body or b"null")
-            except ValueError:
-                return _error("invalid", 400, errors={"body": ["not valid JSON"]})
-            try:
-                data = protocol.validate(schema, body)
+                data = protocol.validate(schema, protocol.parse(request.body))
             except protocol.Invalid as exc:
                 return _error("invalid", 400, errors=exc.errors)
             try:
@@ -135,9 +131,7 @@ def heartbeat(request: HttpRequest) -> HttpResponse:
     if raw is None or not raw.startswith(NODE_PREFIX):
         return _error("unauthorized", 401)
     try:
-        data = protocol.validate(protocol.HEARTBEAT, json.loads(request.body or b"null"))
-    except ValueError:
-        return _error("invalid", 400, errors={"body": ["not valid JSON"]})
+        data = protocol.validate(protocol.HEARTBEAT, protocol.parse(request.body))
     except protocol.Invalid as exc:
         return _error("invalid", 400, errors=exc.errors)
     for task in data["tasks"]:
