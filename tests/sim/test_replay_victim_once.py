@@ -6,7 +6,8 @@ the at-risk gang j7 on it is preempted; j15 (team c, 8 GPUs, within the guarante
 a second time, and the engine refused the plan ("preempts j7, which is not running or already
 stopping"). Before the fix this replay stops there; now it completes with j7 stopped once.
 
-The same replay from the command line (``--believed-slowdown 0``: auto gangs span as preferred ones)::
+The same replay from the command line, with ``JOBS`` written as a trace CSV and a quotas CSV of teams a, b
+and c of size 1 each (``--believed-slowdown 0``: auto gangs span as preferred ones)::
 
     python -m scheduling.sim --trace trace.csv --quotas quotas.csv --nodes 8 --nodes-per-leaf 4 \
         --leaves-per-spine 2 --gang-heavy-nodes 0 --policies yardmaster --time-limits oracle \
