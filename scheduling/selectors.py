@@ -355,6 +355,7 @@ def _running(now: datetime) -> tuple[RunningJob, ...]:
             "terminating",
             "cpus_per_replica",
             "memory_mb_per_replica",
+            "name",
         )
     }
     replicas: dict[int, dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
@@ -364,7 +365,9 @@ def _running(now: datetime) -> tuple[RunningJob, ...]:
             replicas[job_id][rank].append(str(gpu_id))
     out: list[RunningJob] = []
     for job_id, ranks in replicas.items():
-        _, team_id, tier, gpu_type, start, limit_s, checkpoint, priority, submitted, terminating, cpus, memory_mb = jobs[job_id]
+        _, team_id, tier, gpu_type, start, limit_s, checkpoint, priority, submitted, terminating, cpus, memory_mb, name = jobs[
+            job_id
+        ]
         out.append(
             RunningJob(
                 job_id=str(job_id),
@@ -380,6 +383,7 @@ def _running(now: datetime) -> tuple[RunningJob, ...]:
                 terminating=bool(terminating),
                 cpus_per_replica=cpus,
                 memory_mb_per_replica=memory_mb,
+                name=name,
             )
         )
     return tuple(out)
@@ -392,7 +396,7 @@ def pending_jobs() -> QuerySet[Job]:
 def _pending() -> tuple[PendingJob, ...]:
     fields = (
         "id", "team_id", "tier", "replicas", "gpus_per_replica", "gpu_type", "submitted_at", "time_limit_s", "priority",
-        "leaf_locality", "cpus_per_replica", "memory_mb_per_replica", "one_fabric", "one_per_node",
+        "leaf_locality", "cpus_per_replica", "memory_mb_per_replica", "one_fabric", "one_per_node", "name",
     )  # fmt: skip
     return tuple(
         PendingJob(
@@ -410,6 +414,7 @@ def _pending() -> tuple[PendingJob, ...]:
             memory_mb_per_replica=memory_mb,
             one_fabric=one_fabric,
             one_per_node=one_per_node,
+            name=name,
         )
         for (
             pk,
@@ -426,6 +431,7 @@ def _pending() -> tuple[PendingJob, ...]:
             memory_mb,
             one_fabric,
             one_per_node,
+            name,
         ) in pending_jobs().values_list(*fields)
     )
 

@@ -90,10 +90,12 @@ def with_estimates(snapshot: Snapshot, result: Plan, *, now: float) -> Plan:
     """
     estimates = start_estimates(snapshot, result, now=now)
     reasons_out = dict(result.pending_reasons)
+    names = {r.job_id: r.name for r in snapshot.running}
     for job_id, estimate in estimates.items():
         why = reasons_out[job_id]
         if estimate.after_job is not None and _is_quota_wait(why) and "when job" not in why:
-            reasons_out[job_id] = f"{why}; frees up when job {estimate.after_job} ends"
+            after = reasons.job_label(estimate.after_job, names.get(estimate.after_job, ""))
+            reasons_out[job_id] = f"{why}; frees up when job {after} ends"
     return replace(
         result,
         estimated_start={**result.estimated_start, **{k: e.start for k, e in estimates.items()}},

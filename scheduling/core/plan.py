@@ -93,6 +93,7 @@ class _Held:
     start: float
     domain: str
     free_now: set[Loc] = field(default_factory=set)
+    name: str = ""
 
 
 class _Planner:
@@ -401,9 +402,9 @@ class _Planner:
         self._reclaims += 1
         start = self.now + self.cfg.grace_period_s
         why = (
-            f"preempted for Tier 1 job {job.job_id}"
+            f"preempted for Tier 1 job {reasons.job_label(job.job_id, job.name)}"
             if job.tier == Tier.PRODUCTION
-            else f"reclaimed for job {job.job_id} (team {job.team} within guarantee)"
+            else f"reclaimed for job {reasons.job_label(job.job_id, job.name)} (team {job.team} within guarantee)"
         )
         for victim in victims:
             self.preemptions.append(
@@ -493,7 +494,7 @@ class _Planner:
         due = self._due_at_risk(job, start, fit)
         free_now = self._hold(fit, job)
         self._held_version += 1
-        self.held.append(_Held(job.job_id, job.gpu_type, start, fit.domain, free_now))
+        self.held.append(_Held(job.job_id, job.gpu_type, start, fit.domain, free_now, job.name))
         self.reservations.append(Reservation(job.job_id, fit.domain, start, fit.gpu_ids(self.ix)))
         self.estimated[job.job_id] = start
         self.reasons[job.job_id] = f"{base}; reserved {fit.domain}, earliest {reasons.relative(start - self.now)}{due}"
@@ -557,7 +558,8 @@ class _Planner:
             return self._shape_reason(job, one_leaf)
         first = min(same_type, key=lambda h: (h.start, h.job_id))
         when = reasons.relative(first.start - self.now)
-        behind = f"waiting behind a reservation for job {first.job_id} (starts {when} on {first.domain})"
+        label = reasons.job_label(first.job_id, first.name)
+        behind = f"waiting behind a reservation for job {label} (starts {when} on {first.domain})"
         held_free = sum(len(h.free_now) for h in same_type)
         if held_free and self.st.type_free.get(job.gpu_type, 0) + held_free >= job.gpu_count:
             return f"{behind}; it would fit now only on GPUs held for that job"

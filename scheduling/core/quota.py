@@ -106,7 +106,7 @@ class QuotaState:
             if held_now.get(t, 0) + n > limit:
                 held, g = self.held_of(name, t), self.guaranteed(name, t)
                 who = "team" if name == job.team else "parent unit"
-                return f"over {who} {name} quota for {t} ({held}/{g} guaranteed, limit {limit} reached; needs {n} more)"
+                return f"over {who} {name} quota for {t} ({held}/{g} guaranteed, {limit_words(limit, held, n, t)})"
         return None
 
     def excess(self, job: PendingJob) -> dict[str, int]:
@@ -151,3 +151,11 @@ def borrowed_running(units: Iterable[QuotaUnit], running: Iterable[RunningJob]) 
             out[job.job_id] = n > left
             left = max(left - n, 0)
     return out
+
+
+def limit_words(limit: int, held: int, n: int, gpu_type: str) -> str:
+    """Why a limit stops a job of ``n`` GPUs while the unit holds ``held``: 'limit 8 reached; needs 2 more',
+    or 'limit 200 H100, 1 in use, 199 free; the job needs 200'."""
+    if held >= limit:
+        return f"limit {limit} reached; needs {n} more"
+    return f"limit {limit} {gpu_type}, {held} in use, {limit - held} free; the job needs {n}"

@@ -7,6 +7,11 @@ from collections.abc import Iterable
 from scheduling.core.index import NODE, UNLIMITED, FreeState, TopoIndex
 
 
+def job_label(job_id: str, name: str = "") -> str:
+    """A job as reasons name it: 'notebook-alice (#471)', or '#471' where it has no name."""
+    return f"{name} (#{job_id})" if name else f"#{job_id}"
+
+
 def relative(seconds: float) -> str:
     """'now', 'in ~40 s', 'in ~40 min', 'in ~2 h 10 min', 'in ~3 d'."""
     if seconds <= 0:

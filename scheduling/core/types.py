@@ -125,6 +125,7 @@ class RunningJob:
     # What each replica holds beside its GPUs, on its node: CPU cores and memory (MiB).
     cpus_per_replica: int = 0
     memory_mb_per_replica: int = 0
+    name: str = ""  # the job's name, for reasons people read ("" where it has none)
 
     @property
     def gpu_count(self) -> int:
@@ -154,6 +155,7 @@ class PendingJob:
     one_fabric: bool = False
     # Each replica on a node of its own (Slurm's --nodes=N: N distinct nodes), never two on one node.
     one_per_node: bool = False
+    name: str = ""  # the job's name, for reasons people read ("" where it has none)
 
     @property
     def gpu_count(self) -> int:

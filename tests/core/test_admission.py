@@ -68,4 +68,4 @@ def test_job_queued_behind_another_reservation_is_told_so():
     snap = snapshot(TOPO, running=full, pending=[queued], quotas=quotas)
     verdict = admit(snap, pending("j", 1, 8, team="vision", time_limit=99_999.0), now=0.0)
     assert verdict.ok
-    assert "waiting behind a reservation for job first" in verdict.reason
+    assert "waiting behind a reservation for job #first" in verdict.reason

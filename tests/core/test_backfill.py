@@ -57,7 +57,7 @@ def test_long_job_may_not_use_reserved_gpus():
     jobs = [pending("big", 1, 8), pending("long", 1, 2, submit_time=1.0, time_limit=99_999.0)]
     result = plan(snapshot(TOPO, running=busy, pending=jobs), now=NOW)
     assert result.placements == ()
-    assert result.pending_reasons["long"].startswith("waiting behind a reservation for job big")
+    assert result.pending_reasons["long"].startswith("waiting behind a reservation for job #big")
 
 
 def test_only_max_reservations_jobs_get_one():

@@ -102,7 +102,7 @@ def test_with_estimates_names_the_job_a_quota_wait_waits_for_and_keeps_the_rest(
     result = plan(snap, now=0.0)
     out = with_estimates(snap, result, now=0.0)
     assert out.estimated_start["j"] == 600
-    assert out.pending_reasons["j"] == result.pending_reasons["j"] + "; frees up when job 812 ends"
+    assert out.pending_reasons["j"] == result.pending_reasons["j"] + "; frees up when job #812 ends"
     assert out.placements == result.placements and out.reservations == result.reservations
 
 
@@ -113,7 +113,7 @@ def test_the_preview_says_how_long_a_quota_wait_lasts():
     verdict = admit(snap, pending("new", 1, 8, team="vision"), now=0.0)
     assert verdict.ok
     assert verdict.reason.startswith("waits ~2 h: over team vision quota for H100")
-    assert verdict.reason.endswith("frees up when job 812 ends")
+    assert verdict.reason.endswith("frees up when job #812 ends")
 
 
 def test_the_preview_still_says_fits_now_and_never():

@@ -24,7 +24,7 @@ def test_team_within_guarantee_reclaims_from_a_borrower():
     result = plan_with(full_of(), [pending("mine", 1, 8, team="owner")])
     assert [(p.job_id, p.for_job) for p in result.preemptions] == [("y", "mine")]
     assert result.preemptions[0].grace_s == Config().grace_period_s
-    assert "reclaimed for job mine" in result.preemptions[0].reason
+    assert "reclaimed for job #mine" in result.preemptions[0].reason
 
 
 def test_preemptor_gets_a_reservation_on_the_freed_gpus_not_a_placement():

@@ -119,7 +119,7 @@ def test_a_job_within_its_guarantee_takes_back_what_another_team_borrowed(harnes
 
     _preempt(harness, {borrower.pk})
     stop = Job.objects.get(pk=borrower.pk).events.get(to_state=JobState.PREEMPTING).reason
-    assert f"reclaimed for job {mine.pk} (team {org.team_a.slug} within guarantee)" in stop
+    assert f"reclaimed for job mine (#{mine.pk}) (team {org.team_a.slug} within guarantee)" in stop
     harness.place(mine)
 
     mine = harness.job_in(mine, JobState.RUNNING)

@@ -91,4 +91,4 @@ def test_the_preview_names_the_victim_and_start_the_next_cycle_acts_on(moment):
     assert previewed == f"waits ~60 s: {new.pending_reason}"
     assert new.estimated_start == moment + timedelta(seconds=60)
     notes = {e.job_id: e.reason for e in Job.objects.get(pk=dear.pk).events.filter(to_state=JobState.PREEMPTING)}
-    assert f"reclaimed for job {new.pk}" in notes[dear.pk]
+    assert f"reclaimed for job {new.name} (#{new.pk})" in notes[dear.pk]

@@ -110,7 +110,7 @@ def test_a_quota_wait_gets_an_eta_from_the_running_jobs_time_limit_and_the_page_
     result = with_estimates(snapshot, plan(snapshot, now=now.timestamp()), now=now.timestamp())
     key_of_waiting = str(waiting.pk)
     assert result.estimated_start[key_of_waiting] == pytest.approx((started + timedelta(hours=1)).timestamp())
-    assert result.pending_reasons[key_of_waiting].endswith(f"frees up when job {running.pk} ends")
+    assert result.pending_reasons[key_of_waiting].endswith(f"frees up when job {running.name} (#{running.pk}) ends")
     # What the cycle writes (the lead wires with_estimates in), the page shows, with names for ids.
     reason = result.pending_reasons[key_of_waiting]
     if key == "id":

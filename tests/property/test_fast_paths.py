@@ -17,7 +17,7 @@ from scheduling.core.index import NODE, NVLINK, PCIE, FreeState
 from scheduling.core.placement import Fit, _pick_in_domain
 from scheduling.core.plan import _Planner, plan
 from scheduling.core.preemption import Reclaimer
-from scheduling.core.quota import QuotaState
+from scheduling.core.quota import QuotaState, limit_words
 from scheduling.core.testing import cluster, gpu_ids, pending, running, snapshot
 from scheduling.core.types import Config, Locality, Node, PendingJob, QuotaUnit, RunningJob, Snapshot, Tier, Topology
 from tests.property.strategies import NOW, TEAMS, snapshots
@@ -64,7 +64,7 @@ def _blocked_walking(self: QuotaState, job: PendingJob):
         if limit is not None and self.held_of(name, t) + n > limit:
             held, g = self.held_of(name, t), self.guaranteed(name, t)
             who = "team" if name == job.team else "parent unit"
-            return f"over {who} {name} quota for {t} ({held}/{g} guaranteed, limit {limit} reached; needs {n} more)"
+            return f"over {who} {name} quota for {t} ({held}/{g} guaranteed, {limit_words(limit, held, n, t)})"
     return None
 
 
