@@ -44,6 +44,8 @@ WINDOW_S = 60.0
 # A process group that outlives SIGKILL this long is stuck (D state, a hung driver): drain the node.
 UNKILLABLE_AFTER_S = 60.0
 HTTP_TIMEOUT_S = 10.0
+# How often the watchdog looks at the lease (nodeagent/watchdog.py, POLL_S).
+WATCHDOG_POLL_S = 1.0
 # Under a portal's short fence_after_s the agent shortens its HTTP timeout to fit (fit_http_timeout),
 # but not below this: a portal that leaves no more room than this is misconfigured.
 MIN_HTTP_TIMEOUT_S = 0.5
@@ -65,6 +67,7 @@ SIM_MEMORY_MB_PER_GPU = 256 * 1024
 
 assert STOP_AFTER_S + MAX_GRACE_S + FENCE_GRACE_S + HEARTBEAT_INTERVAL_S < NODE_DOWN_AFTER_S
 assert HTTP_TIMEOUT_S + HEARTBEAT_INTERVAL_S < FENCE_AFTER_S
+assert STOP_AFTER_S + 2 * HTTP_TIMEOUT_S + TICK_S + FENCE_AFTER_S + MAX_GRACE_S + 2 * WATCHDOG_POLL_S < NODE_DOWN_AFTER_S
 
 
 class ConfigError(Exception):
@@ -197,10 +200,27 @@ def build_config(*, file_values: dict[str, Any], cli_values: dict[str, Any]) -> 
             f"stop_after_s={config.stop_after_s} is too long: stale work would outlive the portal's "
             f"{NODE_DOWN_AFTER_S:.0f} s DOWN timeout (see nodeagent/config.py)"
         )
+    # An agent that dies (or hangs) just before its own stop leaves its work to the watchdog, which
+    # fences fence_after_s after the last lease renewal: docs/scale.md, *The fence under overload*.
+    bound = late_loss_bound_s(config)
+    if bound >= NODE_DOWN_AFTER_S:
+        raise ConfigError(
+            f"stop_after_s + fence_after_s + max_grace_s + 2 x http_timeout_s + tick_s + 2 watchdog polls = {bound:g} s "
+            f"is too long: an agent lost just before its own stop leaves its work running that long, past the portal's "
+            f"{NODE_DOWN_AFTER_S:.0f} s DOWN timeout; shorten --stop-after or --fence-after (see docs/scale.md)"
+        )
     problem = check_timeouts(config)
     if problem is not None:
         raise ConfigError(problem)
     return config
+
+
+def late_loss_bound_s(config: AgentConfig) -> float:
+    """The most observed silence a node's work can outlive when its agent dies just before its own
+    stop (docs/scale.md, *The fence under overload*): the agent's silence may reach stop_after_s plus a
+    turn of its loop, the portal's exceeds it by at most one call, then the watchdog fences."""
+    turn = config.http_timeout_s + config.tick_s
+    return config.stop_after_s + turn + config.http_timeout_s + config.fence_after_s + config.max_grace_s + 2 * WATCHDOG_POLL_S
 
 
 def check_timeouts(config: AgentConfig) -> str | None:

@@ -36,7 +36,7 @@ from nodeagent import launcher
 LEASE_FILE = "agent-lease"
 PID_FILE = "watchdog.pid"
 LOG_FILE = "watchdog.log"
-POLL_S = 1.0
+POLL_S = 1.0  # config.WATCHDOG_POLL_S: the agent checks its timeouts against it
 # How long it waits with nothing to guard before it exits (the agent starts it again before a launch).
 IDLE_EXIT_S = 10.0
 log = logging.getLogger("nodeagent.watchdog")
@@ -198,7 +198,12 @@ class Watchdog:
             _write_marker(record.fenced_marker, note)
             launcher.signal_group(record.pid, signal.SIGTERM)
             grace = max(0.0, min(record.grace_s, max_grace))
-            self.fences.append(_Fence(pgid=record.pid, deadline=now + grace, marker=record.fenced_marker, note=note))
+            deadline = now + grace
+            if record.state == "stopping" and record.stop_deadline is not None:
+                # The agent had begun this stop (its own liveness, a portal order) and died during the
+                # grace: the kill stays due when the agent had it due, not a whole grace later.
+                deadline = min(deadline, max(now, record.stop_deadline))
+            self.fences.append(_Fence(pgid=record.pid, deadline=deadline, marker=record.fenced_marker, note=note))
 
     def run(self) -> int:
         for path in self.dirs():

@@ -138,3 +138,44 @@ def test_the_agent_refuses_to_start_under_portal_limits_no_timeout_can_fit(porta
     agent = Agent(config, SimulatedGpus(gpus_from_spec("1xH100", node="node-x")))
     with pytest.raises(AgentFatal, match="YARD_AGENT_FENCE_AFTER_S"):
         agent.run()
+
+
+def test_a_fence_that_would_outlast_node_down_after_a_late_agent_loss_is_refused() -> None:
+    # Silent for almost stop_after_s, then the agent dies: the watchdog fences fence_after_s later.
+    values = {"portal": "http://p", "token": "t"}
+    # 120 + 10.5 + 10 + 100 + 60 + 2 = 302.5 s, past the 300 s DOWN timeout; with 80 s it is 282.5 s.
+    with pytest.raises(ConfigError, match=r"= 302\.5 s is too long"):
+        build_config(file_values={}, cli_values={**values, "fence_after_s": 100})
+    assert build_config(file_values={}, cli_values={**values, "fence_after_s": 80}).fence_after_s == 80
+
+
+def test_the_watchdog_keeps_the_kill_an_agent_that_died_mid_stop_had_due(tmp_path: Path) -> None:
+    # The agent sent SIGTERM (its own liveness tripped) and died before the SIGKILL it had due: the
+    # watchdog must not start a whole new grace, or the work outlives the bound in docs/scale.md.
+    import os
+    import time
+
+    from nodeagent import journal as journal_mod
+    from nodeagent import launcher, watchdog
+    from nodeagent.journal import JournalData, TaskRecord
+
+    state = tmp_path / "node-w"
+    state.mkdir()
+    proc = subprocess.Popen(["sh", "-c", "trap '' TERM; exec sleep 120"], start_new_session=True)
+    try:
+        now = time.time()
+        record = TaskRecord(
+            task_id=40, attempt=1, job_id=40, kind="batch", launch_id="l-40", workdir=str(tmp_path), checkpoint_dir=str(tmp_path),
+            state="stopping", pid=proc.pid, start_ticks=launcher.start_ticks(proc.pid), grace_s=60.0,
+            stop_cause="portal_unreachable", sigterm_at=now - 50, stop_deadline=now - 5,
+        )  # fmt: skip
+        journal_mod.save(state / "journal.json", JournalData(tasks=[record]))
+        (state / watchdog.LEASE_FILE).write_text(json.dumps({"fence_after_s": 1.0, "max_grace_s": 60.0}))
+        os.utime(state / watchdog.LEASE_FILE, (now - 30, now - 30))  # the agent died 30 s ago
+        guard = watchdog.Watchdog(dirs=[state], root=None, clock=lambda: now)
+        assert guard.poll()  # fences: SIGTERM (ignored), and the kill due now
+        guard.poll()
+        assert proc.wait(timeout=5) == -9
+    finally:
+        proc.kill()
+        proc.wait()
