@@ -17,6 +17,7 @@ from scheduling.governance.reaper import REAPER_LABEL
 from scheduling.models import Job, JobEvent, JobKind
 from scheduling.states import JobState
 from tenants.models import AuditEntry, OrgUnit
+from tenants.services import quota_change_words
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,9 @@ def from_job_event(row: JobEvent) -> EventSpec | None:
         body = f"Attempt {row.attempt} is running on {job.replicas} × {job.gpus_per_replica} {job.gpu_type} ({row.reason})."
         return spec(Kind.JOB_STARTED, f"{what} started", body)
     if row.to_state == JobState.COMPLETED:
-        return spec(Kind.JOB_COMPLETED, f"{what} completed", f"Every rank exited 0 ({row.reason}).")
+        said = row.reason.strip().rstrip(".")
+        body = "Every rank exited 0." if said.lower() in ("", "every rank exited 0") else f"Every rank exited 0 ({said})."
+        return spec(Kind.JOB_COMPLETED, f"{what} completed", body)
     if row.to_state == JobState.FAILED:
         code = job.exit_code
         data["exit_code"] = code
@@ -82,11 +85,29 @@ def from_job_event(row: JobEvent) -> EventSpec | None:
         return spec(Kind.JOB_REQUEUED, f"{what} requeued: its node was lost", row.reason)
     if not row.to_state and row.actor_label == REAPER_LABEL:
         if row.reason.startswith("idle warning:"):
-            body = row.reason.removeprefix("idle warning:").strip().capitalize() + ". Use the GPUs or extend it on its page."
+            body = _sentence(row.reason.removeprefix("idle warning:")) + " Use the GPUs or extend it on its page."
             return spec(Kind.IDLE_WARNING, f"{what} is idle and will be stopped", body)
         if row.reason.endswith("stopping the notebook"):
-            return spec(Kind.IDLE_STOPPED, f"{what} stopped: idle", row.reason.capitalize() + ".")
+            return spec(Kind.IDLE_STOPPED, f"{what} stopped: idle", _sentence(row.reason))
     return None
+
+
+def _quota_message(row: AuditEntry) -> str:
+    """The change in words from the row's before and after (rows written before the message said only the
+    changed fields read the same), else the message as written."""
+    data = row.data if isinstance(row.data, dict) else {}
+    before, after = data.get("before"), data.get("after")
+    if not isinstance(before, dict) or not isinstance(after, dict) or row.unit is None:
+        return row.message
+    words = quota_change_words(before, after, created=row.action == "quota.create")
+    return f"{row.unit.name} {data.get('gpu_type', '')}: {words}"
+
+
+def _sentence(text: str) -> str:
+    """``text`` as a sentence: its first letter upper case and the rest as written ("GPUs" stays
+    "GPUs", which str.capitalize() would make "gpus"), and one full stop."""
+    text = text.strip().rstrip(".")
+    return (text[:1].upper() + text[1:] + ".") if text else ""
 
 
 def from_audit_entry(row: AuditEntry) -> EventSpec | None:
@@ -98,7 +119,7 @@ def from_audit_entry(row: AuditEntry) -> EventSpec | None:
         kind=Kind.QUOTA_CHANGED,
         time=row.time,
         title=f"Quota of {row.unit.name} changed",
-        body=f"{row.message} (by {row.actor_label}).",
+        body=f"{_quota_message(row)} (by {row.actor_label}).",
         link="/quotas/",
         team=row.unit,
         data={"audit": row.pk, "action": row.action, "unit": row.unit.slug, **row.data},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -108,6 +109,28 @@ def validate_quota(*, unit: OrgUnit, gpu_type: str, guaranteed: int, limit: int 
         )
 
 
+_QUOTA_FIELDS = ("guaranteed", "limit", "weight")
+
+
+def _quota_value(field: str, value: object) -> str:
+    if value is None:
+        return "no limit" if field == "limit" else "—"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def quota_change_words(before: Mapping[str, object], after: Mapping[str, object], *, created: bool) -> str:
+    """A quota change as people read it: only the fields that changed, "no limit" for None ("limit no
+    limit → 16, guaranteed 4 → 8"); a new quota says what it was set to ("new quota: guaranteed 8, no
+    limit, weight 1")."""
+    fields = [k for k in _QUOTA_FIELDS if k in after]
+    if created:
+        return "new quota: " + ", ".join(
+            "no limit" if k == "limit" and after[k] is None else f"{k} {_quota_value(k, after[k])}" for k in fields
+        )
+    changes = [f"{k} {_quota_value(k, before.get(k))} → {_quota_value(k, after[k])}" for k in fields if before.get(k) != after[k]]
+    return ", ".join(changes) or "saved unchanged"
+
+
 @transaction.atomic
 def quota_set(
     *,
@@ -134,8 +157,7 @@ def quota_set(
         action="quota.create" if created else "quota.update",
         obj=unit,
         unit=unit,
-        message=f"{unit.name} {gpu_type}: "
-        + ", ".join(f"{k} {before[k]} → {after[k]}" for k in after if before[k] != after[k] or created),
+        message=f"{unit.name} {gpu_type}: {quota_change_words(before, after, created=created)}",
         data={"gpu_type": gpu_type, "before": before, "after": after},
     )
     return quota

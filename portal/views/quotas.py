@@ -29,7 +29,7 @@ from scheduling.models import Allocation
 from scheduling.selectors import borrowed_beyond
 from tenants.models import AuditEntry, OrgUnit, Quota, UnitKind
 from tenants.selectors import access_unit_admin, admin_roots, units_administered, units_visible
-from tenants.services import guarantees_sum, quota_set, unit_create, unit_delete, unit_move
+from tenants.services import guarantees_sum, quota_change_words, quota_set, unit_create, unit_delete, unit_move
 
 HISTORY_LENGTH = 40
 
@@ -175,28 +175,14 @@ class HistoryLine:
     text: str
 
 
-QUOTA_FIELDS = (("guaranteed", "guaranteed"), ("limit", "limit"), ("weight", "weight"))
-
-
-def _shown(field: str, value: Any) -> str:
-    if value is None:
-        return "no limit" if field == "limit" else "—"
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
 def history_text(entry: AuditEntry) -> str:
     """A quota change as people say it ("limit no limit → 32", not "limit None → 32"), from the audit
     row's before and after; other entries as their message says."""
     data = entry.data if isinstance(entry.data, dict) else {}
     before, after = data.get("before"), data.get("after")
     if entry.action.startswith("quota.") and isinstance(before, dict) and isinstance(after, dict) and entry.unit is not None:
-        created = entry.action == "quota.create"
-        changes = [
-            f"{label} {_shown(key, before.get(key))} → {_shown(key, after.get(key))}"
-            for key, label in QUOTA_FIELDS
-            if key in after and (created or before.get(key) != after.get(key))
-        ]
-        return f"{entry.unit.name} {data.get('gpu_type', '')}: " + (", ".join(changes) or "saved unchanged")
+        words = quota_change_words(before, after, created=entry.action == "quota.create")
+        return f"{entry.unit.name} {data.get('gpu_type', '')}: {words}"
     return entry.message or entry.action
 
 

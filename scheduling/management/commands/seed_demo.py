@@ -181,6 +181,7 @@ class Command(BaseCommand):
                 user.save()
             membership_set(actor=None, user=user, unit=OrgUnit.objects.get(name=unit_name), role=role)
         build_cluster()
+        _setup_is_not_news()
 
     def _write_agent_tokens(self, path: Path) -> None:
         """Fresh node tokens for every simulated node, plus an enrolment token, for `make run`."""
@@ -202,3 +203,16 @@ class Command(BaseCommand):
         path.write_text(json.dumps(tokens, indent=1))
         path.chmod(0o600)
         self.stdout.write(f"Agent tokens for {len(tokens['nodes'])} simulated nodes written to {path}")
+
+
+def _setup_is_not_news() -> None:
+    """The demo's org and quotas are its starting point, not changes anyone made: the notifications
+    collector starts past their audit rows (else every demo user signs in to eight "Quota changed (by
+    system)" notifications). Changes made after the seed are collected as ever."""
+    from django.db.models import Max
+
+    from notifications.models import Watermark
+    from tenants.models import AuditEntry
+
+    last = AuditEntry.objects.aggregate(m=Max("id"))["m"] or 0
+    Watermark.objects.update_or_create(name="audit", defaults={"last_id": last})
