@@ -19,6 +19,7 @@ from scheduling.core.types import (
     PendingJob,
     Placement,
     Plan,
+    PlanError,
     Preemption,
     Reservation,
     RunningJob,
@@ -70,6 +71,9 @@ def plan(snapshot: Snapshot, *, now: float) -> Plan:
       reservation at their earliest start; later jobs start only on GPUs outside every
       reservation, or inside one if they end (by their time limit) before it starts.
     - Every pending job not placed gets a reason in ``Plan.pending_reasons``.
+    - Each job is named once: a victim is preempted by one path only (a due reservation, a reclaim,
+      a reclaim across leaves all read one record of the plan's victims), a job is placed once, and
+      none is both; checked before the plan is returned (``check_once``; ``PlanError`` otherwise).
     """
     # Python's cyclic GC, triggered by the planner's many short-lived tuples, would rescan every
     # object of the snapshot each time: work that grows with the snapshot on every collection, which
@@ -82,6 +86,28 @@ def plan(snapshot: Snapshot, *, now: float) -> Plan:
     finally:
         if collecting:
             gc.enable()
+
+
+def check_once(result: Plan, running: tuple[RunningJob, ...]) -> None:
+    """``result`` names each job once: a victim is preempted once and is running (not stopping), a job is
+    placed once, and none is both placed and preempted. A plan that breaks this is a bug of the planner:
+    ``PlanError``, rather than two stop orders for one job. One pass over the jobs."""
+    stoppable = {j.job_id for j in running if not j.terminating}
+    preempted: dict[str, str | None] = {}
+    for pre in result.preemptions:
+        job_id = pre.job_id
+        if job_id in preempted:
+            raise PlanError(f"the plan preempts job {job_id} twice (for job {preempted[job_id]} and for job {pre.for_job})")
+        if job_id not in stoppable:
+            raise PlanError(f"the plan preempts job {job_id}, which is not running or already stopping")
+        preempted[job_id] = pre.for_job
+    placed: set[str] = set()
+    for p in result.placements:
+        if p.job_id in placed:
+            raise PlanError(f"the plan places job {p.job_id} twice")
+        if p.job_id in preempted:
+            raise PlanError(f"the plan places job {p.job_id} and preempts it")
+        placed.add(p.job_id)
 
 
 @dataclass(slots=True)
@@ -123,6 +149,9 @@ class _Planner:
         self.estimated: dict[str, float] = {}
         self.held: list[_Held] = []  # backfill reservations
         self.reserved: set[Loc] = set()  # GPUs of every reservation (backfill and reclaim)
+        # Every job this plan preempts or waits on (terminating ones): the one record that every path that
+        # preempts reads and writes through ``_take`` (a due reservation's at-risk jobs, reclaim, reclaim
+        # across leaves), shared with the Reclaimer, so that no job is taken twice.
         self.victims: set[str] = set()
         self.leaf = LeafChooser(self.ix, self.cfg, now)
         self.lent_at_risk: set[str] = set()  # jobs this plan starts at risk on reserved GPUs
@@ -161,7 +190,7 @@ class _Planner:
         for job_id, note in self.leaf.notes.items():
             if job_id in self.reasons and not self.reasons[job_id].startswith("can never run"):
                 self.reasons[job_id] += note
-        return Plan(
+        result = Plan(
             placements=tuple(self.placements),
             preemptions=tuple(self.preemptions),
             reservations=tuple(self.reservations),
@@ -169,6 +198,8 @@ class _Planner:
             estimated_start=self.estimated,
             borrowed=self.borrowed,
         )
+        check_once(result, self.running)
+        return result
 
     def _ordered(self) -> list[PendingJob]:
         """Tier; then work within its team's guarantee before work that would borrow; then fair share;
@@ -385,7 +416,9 @@ class _Planner:
             self._deferred.add(job.job_id)
             return False
         if self._reclaimer is None:
-            self._reclaimer = Reclaimer(self.ix, self.running, self.locs, self.borrowed, self.cfg, self.now)
+            # Built at the first reclaim, it reads the plan's record of victims: those a due reservation
+            # took before (``_due_at_risk``) are not offered again.
+            self._reclaimer = Reclaimer(self.ix, self.running, self.locs, self.borrowed, self.cfg, self.now, taken=self.victims)
             self._reclaimer.claim((), set(self.reserved))
         free_fit = self._find(job, one_leaf) if excess else None
         found = Reclaim(free_fit, (), ()) if free_fit is not None else self._reclaimer.find(self.st, job, one_leaf=one_leaf)
@@ -410,8 +443,7 @@ class _Planner:
             self.preemptions.append(
                 Preemption(job_id=victim.job_id, reason=why, grace_s=self.cfg.grace_period_s, for_job=job.job_id)
             )
-        self.victims.update(j.job_id for j in waits_on)
-        self._reclaimer.claim(waits_on, set())
+        self._take(waits_on)
         self._hold(found.fit, job)
         self.quota.add(job.team, job.gpu_type, job.gpu_count, job.tier)
         self.reservations.append(Reservation(job.job_id, found.fit.domain, start, found.fit.gpu_ids(self.ix)))
@@ -429,6 +461,12 @@ class _Planner:
             names = ", ".join(v.job_id for v in waits_on)
             self.reasons[job.job_id] = f"waiting for stopping job(s) {names} to {to}; starts {when}"
         return True
+
+    def _take(self, jobs: tuple[RunningJob, ...]) -> None:
+        """Record jobs this plan preempts (or waits on, if terminating): not to be taken again by any path."""
+        self.victims.update(j.job_id for j in jobs)
+        if jobs and self._reclaimer is not None:
+            self._reclaimer.claim(jobs, set())  # the nodes their GPUs are on change for its caches
 
     def _hold(self, fit: Fit, job: PendingJob) -> set[Loc]:
         """Take a reservation's GPUs out of the pool, with the cores and memory the job will need on the
@@ -510,9 +548,7 @@ class _Planner:
             self.preemptions.append(
                 Preemption(victim.job_id, atrisk.reason(job.job_id), grace_s=self.cfg.grace_period_s, for_job=job.job_id)
             )
-        self.victims.update(j.job_id for j in due)
-        if due and self._reclaimer is not None:
-            self._reclaimer.claim(tuple(due), set())
+        self._take(tuple(due))
         return f" (preempting at-risk job(s) {', '.join(j.job_id for j in due)})" if due else ""
 
     # ------------------------------------------------------------------ reasons

@@ -113,6 +113,7 @@ class Reclaimer:
         borrowed: Mapping[str, bool],
         config: Config,
         now: float,
+        taken: set[str] | None = None,
     ) -> None:
         self.ix = ix
         self.locs = locs
@@ -143,7 +144,10 @@ class Reclaimer:
                     self.cover[ni] = self.cover.get(ni, 0) + k
                     if c.cls < self.cheapest_class.get(ni, RESEARCH + 1):
                         self.cheapest_class[ni] = c.cls
-        self.taken: set[str] = set()  # victims (and awaited terminating jobs) already spoken for
+        # Victims (and awaited terminating jobs) already spoken for. A plan passes its own record (the same
+        # set, not a copy): a victim taken by any of its paths, before this search was built or after,
+        # is never offered again.
+        self.taken: set[str] = taken if taken is not None else set()
         self.reserved: set[Loc] = set()
         self.reserved_nodes: set[int] = set()
         self.version = [0] * len(ix.nodes)

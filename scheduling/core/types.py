@@ -280,6 +280,11 @@ class Plan:
     borrowed: Mapping[str, bool] = field(default_factory=dict)
 
 
+class PlanError(RuntimeError):
+    """A plan that breaks its own contract (one job named twice, a victim that is not running): a
+    scheduler bug. Raised instead of handed on, so that no caller applies it (a duplicate stop order)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """The admission check's answer for one job at submit time."""
