@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from scheduling.core.types import Config
+from scheduling.core.types import Config, LeafLocality
 from scheduling.sim.cluster import ClusterShape, read_team_weights
 from scheduling.sim.engine import Replay, ReplayConfig
 from scheduling.sim.metrics import (
@@ -96,6 +96,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--busy-from", type=float, default=20 * 86400.0, help="metrics window start for the trace (s)")
     p.add_argument("--grace-s", type=float, default=Config().grace_period_s)
     p.add_argument("--no-at-risk", action="store_true", help="Yardmaster without backfill at risk")
+    p.add_argument(
+        "--leaf-locality",
+        choices=[m.value for m in LeafLocality],
+        default=LeafLocality.AUTO.value,
+        help="what every gang asks of a leaf switch (a job's leaf_locality)",
+    )
     p.add_argument("--jobs", type=int, default=2, help="replays run in parallel")
     p.add_argument("--out", type=Path, default=None, help="write results.md and PNG plots here")
     return p
@@ -150,6 +156,7 @@ def replay_config(task: Task) -> ReplayConfig:
         # The gang-heavy workload starts at 0 with no history to skip: its window is the whole trace.
         busy_from=0.0 if task.workload == GANG_HEAVY else args.busy_from,
         span_slowdown=task.slowdown,
+        leaf_locality=LeafLocality(args.leaf_locality),
         # The replay keeps Placement.at_risk across cycles (as RunningJob.at_risk), so it can lend at risk.
         core=replace(Config(), grace_period_s=args.grace_s, span_slowdown=believed, backfill_at_risk=not args.no_at_risk),
     )

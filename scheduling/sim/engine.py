@@ -27,9 +27,11 @@ from typing import Any, Protocol
 from scheduling.core.fairshare import accrue
 from scheduling.core.types import (
     Config,
+    LeafLocality,
     Locality,
     PendingJob,
     Plan,
+    PlanError,  # the core's own check raises it too; here: a policy's plan that cannot be applied (a policy bug)
     QuotaUnit,
     RunningJob,
     Snapshot,
@@ -47,10 +49,6 @@ class Policy(Protocol):
     def __call__(self, snapshot: Snapshot, *, now: float) -> Plan: ...
 
 
-class PlanError(RuntimeError):
-    """The policy returned a plan that cannot be applied (a policy bug)."""
-
-
 @dataclass(frozen=True, slots=True)
 class ReplayConfig:
     cycle_s: float = 60.0
@@ -62,6 +60,8 @@ class ReplayConfig:
     # keeps that placement. Every policy pays it alike; it is the replay's truth, not a policy's belief
     # (the core's own estimate of it is ``core.span_slowdown``).
     span_slowdown: float = 0.0
+    # What every job of the trace asks of a leaf switch (``PendingJob.locality``, the portal's leaf_locality).
+    leaf_locality: LeafLocality = LeafLocality.AUTO
     core: Config = field(default_factory=Config)
 
 
@@ -259,6 +259,7 @@ class Replay:
             gpu_type=s.trace.gpu_type or self.default_type,
             submit_time=s.trace.submit_time,
             time_limit=max(s.limit, s.remaining, 1.0),
+            locality=self.cfg.leaf_locality,
         )
 
     def _arrive(self, job: TraceJob) -> None:
