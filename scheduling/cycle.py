@@ -273,6 +273,12 @@ def apply_plan(*, lease: Lease, snapshot: Snapshot, plan_: Plan, now: datetime) 
     return result
 
 
+def master_address(node: Node) -> str:
+    """Where a gang whose rank 0 runs on ``node`` meets (MASTER_ADDR): the node's address, or its name
+    when it has none. Rendezvous ports are unique per such address."""
+    return node.address or node.name
+
+
 class _PlacementWriter:
     """Writes placements in bulk: per batch a fixed number of statements, whatever its size."""
 
@@ -331,7 +337,7 @@ class _PlacementWriter:
                         rank=rank,
                         node=self.nodes[node_name],
                         state=TaskState.ASSIGNED,
-                        master_addr=master.address or master.name,
+                        master_addr=master_address(master),
                         master_port=ports[job.pk],
                         gpu_indices=sorted(self.gpu_index[g] for g in gpu_ids),
                         created_at=self.now,
@@ -391,32 +397,50 @@ class _PlacementWriter:
         return [int(p.job_id) for p in gangs]
 
     def _ports(self, gangs: list[Placement], jobs: dict[int, Job]) -> dict[int, int]:
-        """A rendezvous port per gang, free among the live gangs on its rank-0 node; the port of the job's
-        previous attempt when it is still free there (a requeued job keeps its MASTER_PORT if it can)."""
-        masters = {int(p.job_id): self.nodes[p.nodes[0]].pk for p in gangs}
-        taken: dict[int, set[int]] = {}
+        """A rendezvous port per gang, free among the live gangs at its rank-0 address; the port of the
+        job's previous attempt when it is still free there (a requeued job keeps its MASTER_PORT if it can).
+
+        Per address, not per node: the rendezvous store binds every interface, so nodes that share an
+        address (simulated nodes on one host, or one host registered twice) share one port space. A port
+        counts as taken at an address when a live rank 0 was given it at that address, or runs on a node
+        that has that address now (its address changed since it was placed)."""
+        masters = {int(p.job_id): self.nodes[p.nodes[0]] for p in gangs}
+        addrs = {job_id: master_address(node) for job_id, node in masters.items()}
+        wanted_addrs = set(addrs.values())
+        # The nodes at those addresses now, and the masters themselves (their address may have changed).
+        node_addr = {n.pk: master_address(n) for n in masters.values()}
+        for pk, address, name in Node.objects.filter(Q(address__in=wanted_addrs) | Q(name__in=wanted_addrs)).values_list(
+            "pk", "address", "name"
+        ):
+            node_addr.setdefault(pk, address or name)
+        taken: dict[str, set[int]] = {}
         live = Task.objects.filter(
-            node_id__in=set(masters.values()), rank=0, state__in=TASK_LIVE_STATES, master_port__isnull=False
-        ).values_list("node_id", "master_port")
-        for node_id, port in live:
+            Q(master_addr__in=wanted_addrs) | Q(node_id__in=set(node_addr)),
+            rank=0,
+            state__in=TASK_LIVE_STATES,
+            master_port__isnull=False,
+        ).values_list("master_addr", "node_id", "master_port")
+        for addr, node_id, port in live:
             if port is not None:
-                taken.setdefault(node_id, set()).add(port)
+                taken.setdefault(addr, set()).add(port)
+                if node_id in node_addr:
+                    taken.setdefault(node_addr[node_id], set()).add(port)
         previous = dict(
             Task.objects.filter(job_id__in=list(masters), rank=0, master_port__isnull=False)
             .order_by("job_id", "attempt")
             .values_list("job_id", "master_port")
         )  # the last attempt's port wins (ordered by attempt)
         chosen: dict[int, int] = {}
-        for job_id, node_id in masters.items():
-            used = taken.setdefault(node_id, set())
+        for job_id, addr in addrs.items():
+            used = taken.setdefault(addr, set())
             wanted = previous.get(job_id)
             port = wanted if wanted is not None and wanted in self.ports and wanted not in used else None
             if port is None:
                 port = next((q for q in self.ports if q not in used), None)
             if port is None:
                 self.skipped[job_id] = (
-                    f"waiting for a free rendezvous port on node {self.nodes_by_pk(node_id)}: all of "
-                    f"{self.ports.start}-{self.ports.stop - 1} are in use by live jobs (YARD_RENDEZVOUS_PORTS)"
+                    f"waiting for a free rendezvous port at {addr} (rank-0 node {masters[job_id].name}): all of "
+                    f"{self.ports.start}-{self.ports.stop - 1} are in use by live jobs there (YARD_RENDEZVOUS_PORTS)"
                 )
                 continue
             used.add(port)
@@ -424,9 +448,6 @@ class _PlacementWriter:
         for job_id, why in self.skipped.items():
             Job.objects.filter(pk=job_id, state=JobState.PENDING).update(pending_reason=why)
         return chosen
-
-    def nodes_by_pk(self, pk: int) -> str:
-        return next((n.name for n in self.nodes.values() if n.pk == pk), str(pk))
 
 
 def _apply_preemption(preemption: Preemption) -> bool:

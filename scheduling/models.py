@@ -300,10 +300,13 @@ class Task(models.Model):
     rank = models.PositiveIntegerField()
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="tasks")
     state = models.CharField(max_length=10, choices=TaskState.choices, default=TaskState.ASSIGNED, db_index=True)
+    # The rank-0 node's address (or its name when it has none), written at placement: MASTER_ADDR.
     master_addr = models.CharField(max_length=255, blank=True)
-    # The job's rendezvous port on its rank-0 node, picked by the cycle from YARD_RENDEZVOUS_PORTS and
-    # unique among the live rank-0 tasks of that node (constraint below), so two gangs packed onto one
-    # node never meet in one torch.distributed store. Null only for tasks made outside the cycle.
+    # The job's rendezvous port at its rank-0 address, picked by the cycle from YARD_RENDEZVOUS_PORTS and
+    # unique among the live rank-0 tasks of that address (constraint below): the rendezvous store binds
+    # every interface, so nodes that share an address (simulated nodes on one host) share one port
+    # space, and two gangs there never meet in one torch.distributed store. Null only for tasks made
+    # outside the cycle.
     master_port = models.PositiveIntegerField(null=True, blank=True)
     # The node-local GPU indices this task holds, as the cycle placed them: the heartbeat builds the
     # agent's `desired` list from the task row alone, without a join over allocations per heartbeat.
@@ -330,9 +333,9 @@ class Task(models.Model):
         ordering = ["job_id", "attempt", "rank"]
         constraints = [
             models.UniqueConstraint(fields=["job", "attempt", "rank"], name="task_unique_job_attempt_rank"),
-            # One live gang per rendezvous port per node, as the allocation constraint keeps one per GPU.
+            # One live gang per rendezvous port per address, as the allocation constraint keeps one per GPU.
             models.UniqueConstraint(
-                fields=["node", "master_port"],
+                fields=["master_addr", "master_port"],
                 condition=Q(rank=0, master_port__isnull=False, state__in=["ASSIGNED", "RUNNING", "STOPPING"]),
                 name="task_unique_live_rendezvous_port",
             ),
