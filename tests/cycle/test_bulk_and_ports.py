@@ -14,7 +14,7 @@ from django.utils import timezone
 from scheduling import cycle
 from scheduling.core.plan import plan
 from scheduling.cycle import apply_plan, lease_claim, lease_release, run_cycle_once
-from scheduling.models import Allocation, Job, Task
+from scheduling.models import Allocation, Job, Node, Task
 from scheduling.selectors import invariant_violations, snapshot_build
 from scheduling.services import JobSpec, job_request_stop, job_submit, task_mark_exited
 from scheduling.states import JobState, TaskState
@@ -46,7 +46,7 @@ def test_the_database_refuses_a_second_live_gang_on_a_port(org, ann, nodes):
     t1 = Task.objects.get(job=first)
     t2 = Task.objects.get(job=second)
     with pytest.raises(IntegrityError), transaction.atomic():
-        Task.objects.filter(pk=t2.pk).update(node=t1.node, master_port=t1.master_port)
+        Task.objects.filter(pk=t2.pk).update(node=t1.node, master_addr=t1.master_addr, master_port=t1.master_port)
 
 
 def test_a_requeued_job_keeps_its_port_when_it_is_free(org, ann, nodes):
@@ -78,6 +78,9 @@ def test_a_thousand_placements_take_a_fixed_number_of_statements_per_batch(db):
     from tests.factories import make_shared_cluster
 
     ((user, team),) = make_shared_cluster(125, teams=1)  # 1,000 GPUs, one team guaranteed them all
+    # A real cluster: an address per node (the demo's 127.0.0.1 for all would share one port range).
+    for i, pk in enumerate(Node.objects.values_list("pk", flat=True)):
+        Node.objects.filter(pk=pk).update(address=f"10.1.{i // 250}.{i % 250 + 1}")
     for _ in range(1000):
         job_submit(user=user, spec=JobSpec(name="one", team=team, replicas=1, gpus_per_replica=1, command="true"))
     now = timezone.now()
@@ -177,3 +180,46 @@ def test_a_claim_that_fails_midway_gives_its_session_lock_back(org, ann, nodes, 
     lease = lease_claim()
     assert lease is not None and lease.locked
     lease_release(lease)
+
+
+def test_nodes_that_share_an_address_never_give_two_live_gangs_one_port(org, ann, nodes):
+    """Simulated nodes on one host all have 127.0.0.1: the rendezvous store binds every interface, so a
+    port is taken for all of them once one gang's rank 0 holds it on any of them."""
+    Node.objects.update(address="127.0.0.1")
+    # 2-node gangs (one replica a node): their rank 0 land on several nodes of the one address.
+    jobs = [submit(org, ann, replicas=2, gpus_per_replica=4, one_per_node=True) for _ in range(4)]
+    assert sorted(run_cycle_once().placed) == sorted(j.pk for j in jobs)
+    masters = list(Task.objects.filter(rank=0).select_related("node"))
+    assert len({t.node_id for t in masters}) > 1  # per node, some of them could have reused a port
+    assert {t.master_addr for t in masters} == {"127.0.0.1"}
+    ports = [t.master_port for t in masters]
+    assert len(set(ports)) == len(ports) == 4, ports  # one port space for the one address
+    for job in jobs:  # every rank of a gang gets its rank 0's address and port
+        assert len(set(Task.objects.filter(job=job).values_list("master_addr", "master_port"))) == 1
+
+
+def test_nodes_with_addresses_of_their_own_may_each_use_the_first_port(org, ann, nodes):
+    for i, pk in enumerate(Node.objects.order_by("pk").values_list("pk", flat=True)):
+        Node.objects.filter(pk=pk).update(address=f"10.0.0.{i + 1}")
+    jobs = [submit(org, ann, replicas=2, gpus_per_replica=4, one_per_node=True) for _ in range(4)]
+    assert sorted(run_cycle_once().placed) == sorted(j.pk for j in jobs)
+    masters = list(Task.objects.filter(rank=0).select_related("node"))
+    assert all(t.master_addr == t.node.address for t in masters)
+    by_addr: dict[str, list[int]] = {}
+    for t in masters:
+        by_addr.setdefault(t.master_addr, []).append(t.master_port)
+    assert all(len(set(p)) == len(p) for p in by_addr.values()), by_addr  # unique at each address
+    low = settings.YARD["RENDEZVOUS_PORTS"][0]
+    assert sum(low in p for p in by_addr.values()) > 1, by_addr  # and reused across addresses
+
+
+def test_the_database_refuses_a_second_live_gang_on_a_port_of_one_address(org, ann, nodes):
+    first, second = (submit(org, ann, replicas=1, gpus_per_replica=8) for _ in range(2))
+    run_cycle_once()
+    t1, t2 = Task.objects.get(job=first), Task.objects.get(job=second)
+    assert t1.node_id != t2.node_id
+    # Another node, same address, same port: refused, as on one node.
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Task.objects.filter(pk=t2.pk).update(master_addr=t1.master_addr, master_port=t1.master_port)
+    # Another address may hold the same port.
+    Task.objects.filter(pk=t2.pk).update(master_addr="10.9.9.9", master_port=t1.master_port)

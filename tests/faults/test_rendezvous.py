@@ -21,6 +21,7 @@ addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
 rank, job = int(os.environ["RANK"]), os.environ["YARD_JOB_ID"]
 if rank == 0:
     server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as TCPStore: over TIME_WAIT, not a listener
     server.bind((addr, port))          # EADDRINUSE here if two gangs share a port
     server.listen(1)
     server.settimeout(60)
@@ -45,6 +46,7 @@ sys.exit(0 if theirs == job else 5)
 """
 
 
+@pytest.mark.usefixtures("free_rendezvous_ports")
 def test_two_gangs_packed_on_one_node_rendezvous_on_ports_of_their_own(harness: Harness) -> None:
     harness.start_agent("rdv-a", gpus=8)
     harness.node_ready("rdv-a")
