@@ -223,3 +223,18 @@ def test_the_database_refuses_a_second_live_gang_on_a_port_of_one_address(org, a
         Task.objects.filter(pk=t2.pk).update(master_addr=t1.master_addr, master_port=t1.master_port)
     # Another address may hold the same port.
     Task.objects.filter(pk=t2.pk).update(master_addr="10.9.9.9", master_port=t1.master_port)
+
+
+def test_a_live_gang_holds_its_port_at_the_address_its_node_has_now(org, ann, nodes):
+    """A node re-registered with a new address still runs its gang's store on that port: a gang placed
+    at the new address must not be given it."""
+    first = submit(org, ann, replicas=1, gpus_per_replica=8)
+    run_cycle_once()
+    held = Task.objects.get(job=first)
+    Node.objects.update(address="10.9.0.1")  # every node, the first gang's among them, now at one address
+    assert held.master_addr != "10.9.0.1"
+    second = submit(org, ann, replicas=1, gpus_per_replica=8)
+    assert run_cycle_once().placed == [second.pk]
+    task = Task.objects.get(job=second)
+    assert task.node_id != held.node_id and task.master_addr == "10.9.0.1"
+    assert task.master_port != held.master_port
