@@ -39,12 +39,14 @@ class ApiTokenAuthentication(authentication.BaseAuthentication):
             raise TokensLockedOut(
                 wait=wait,
                 detail=f"Too many invalid API tokens from your address: try again in {wait} s, with a valid token "
-                "(make one on the API tokens page)",
+                "(make one on the API tokens page of the portal, /tokens/)",
             )
         token = token_authenticate(raw=raw)
         if token is None:
             bad_token_seen(ip)
-            raise exceptions.AuthenticationFailed("Invalid, revoked or expired token; create a new one in your profile")
+            raise exceptions.AuthenticationFailed(
+                "Invalid, revoked or expired token; create a new one on the API tokens page of the portal (/tokens/)"
+            )
         return token.user, token
 
     def authenticate_header(self, request: Request) -> str:

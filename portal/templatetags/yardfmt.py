@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+from datetime import datetime, timedelta
 
 from django import template
+from django.utils import timezone
 
 from scheduling.core.reasons import memory_words
 from tenants.models import OrgUnit
@@ -35,6 +37,47 @@ def duration(seconds: float | int | str | None) -> str:
     if minutes:
         return f"{minutes} min {secs} s" if secs else f"{minutes} min"
     return f"{secs} s"
+
+
+def when_words(moment: datetime | None, now: datetime | None = None) -> str:
+    """A moment as people read it, with its day unless it is today: '05:57', 'tomorrow 05:57',
+    'Thu 3 Dec 05:57' (in the portal's time zone)."""
+    if moment is None:
+        return "—"
+    here, today = timezone.localtime(moment), timezone.localtime(now or timezone.now()).date()
+    clock = f"{here:%H:%M}"
+    if here.date() == today:
+        return clock
+    if here.date() == today + timedelta(days=1):
+        return f"tomorrow {clock}"
+    if here.date() == today - timedelta(days=1):
+        return f"yesterday {clock}"
+    year = f" {here.year}" if here.year != today.year else ""
+    return f"{here:%a} {here.day} {here:%b}{year} {clock}"
+
+
+@register.filter
+def when(moment: datetime | None) -> str:
+    return when_words(moment)
+
+
+@register.filter
+def capacity(amount: int | float | None, kind: str) -> str:
+    """How much of one resource the cluster has, with its unit: '64 H100', '5,040 CPU cores',
+    '79.7 TiB memory' (fair share counts cores and MiB of memory beside the GPU types)."""
+    if amount is None:
+        return "—"
+    if kind == "cpu":
+        return f"{int(amount):,} CPU cores"
+    if kind == "memory":
+        return f"{memory_words(int(amount))} memory"
+    return f"{int(amount):,} {kind}"
+
+
+@register.filter
+def resource_name(kind: str) -> str:
+    """A fair-share resource as people say it: 'CPU cores', 'memory', or the GPU type."""
+    return {"cpu": "CPU cores", "memory": "memory"}.get(kind, kind)
 
 
 @register.filter

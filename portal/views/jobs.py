@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -24,7 +25,7 @@ from portal.views.common import add_service_errors, partial, signed_in
 from portal.views.job_templates import job_template_save, templates_of
 from portal.views.svg import sparklines
 from scheduling.core.reasons import memory_words
-from scheduling.models import Allocation, Job, TaskLogChunk
+from scheduling.models import Allocation, Job, TaskLogChunk, Tier
 from scheduling.selectors import access_job, access_job_manage, can_manage_job, job_tasks, jobs_visible
 from scheduling.services import JobSpec, job_cancel, job_preview, job_spec_of, job_submit
 from scheduling.states import TERMINAL_STATES, JobState, TaskState
@@ -290,7 +291,18 @@ def job_live_context(request: HttpRequest, job: Job) -> dict[str, Any]:
         "rank_choices": [r.rank for r in replicas] or list(range(job.replicas)),
         "waiting": _waiting(job),
         "can_manage": can_manage_job(user=request.user, job=job),
+        "clock": _clock(job),
     }
+
+
+def _clock(job: Job) -> dict[str, Any]:
+    """A running job's time left before its time limit stops it, and whether it may be preempted (then
+    the page says when it last checkpointed)."""
+    started = job.started_at if job.state == JobState.RUNNING else None
+    ends_at = started + timedelta(seconds=job.time_limit_s) if started is not None else None
+    remaining = max(0.0, (ends_at - timezone.now()).total_seconds()) if ends_at else None
+    preemptible = job.tier != Tier.PRODUCTION and job.state in (JobState.RUNNING, JobState.PREEMPTING)
+    return {"ends_at": ends_at, "remaining_s": remaining, "preemptible": preemptible}
 
 
 @login_required

@@ -84,3 +84,12 @@ def test_an_org_admin_may_ask_for_a_team_of_their_subtree(client, cast):
 
 def test_the_page_needs_a_login(client, cast):
     assert client.get(reverse("fairshare")).status_code == 302
+
+
+def test_the_clusters_cores_and_memory_are_said_with_their_units(client, cast):
+    _used(cast.org.team_a, cast.ann, gpus=8, hours=10)
+    client.force_login(cast.ann)
+    body = " ".join(client.get(reverse("fairshare")).content.decode().split())
+    cluster = body.split("the cluster has ", 1)[1].split(")", 1)[0]
+    assert " cpu" not in cluster and " memory," not in cluster
+    assert "CPU cores" in cluster and "TiB memory" in cluster, cluster
