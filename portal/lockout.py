@@ -22,11 +22,19 @@ def cooloff_minutes() -> int:
 
 def locked_out(request: HttpRequest, original_response: HttpResponse | None = None, credentials: Any = None) -> HttpResponse:
     minutes = cooloff_minutes()
+    retry_after = minutes * 60
     message = (
         f"Too many failed sign-ins for this account from your address: signing in is blocked for {minutes} minutes "
         "from the last attempt. Check the username, wait, and try again; a cluster admin can lift the block "
         "(manage.py axes_reset_username USERNAME)."
     )
+    address_wait = getattr(request, "yard_address_wait", None)
+    if address_wait is not None:  # across usernames, from this address (tenants/lockout.py)
+        retry_after = int(address_wait)
+        message = (
+            "Too many failed sign-ins from your address, across accounts: signing in from it is blocked for "
+            f"{max(1, math.ceil(retry_after / 60))} more minutes. Other addresses are not affected."
+        )
     if request.path.startswith("/api/") or request.headers.get("Accept", "").startswith("application/json"):
         response: HttpResponse = JsonResponse({"code": "locked_out", "message": message, "fields": {}}, status=429)
     else:
@@ -44,5 +52,5 @@ def locked_out(request: HttpRequest, original_response: HttpResponse | None = No
             "local_login": config.local_login,
         }
         response = render(request, "registration/login.html", context, status=429)
-    response["Retry-After"] = str(minutes * 60)
+    response["Retry-After"] = str(retry_after)
     return response

@@ -455,7 +455,12 @@ from datetime import timedelta as _timedelta  # noqa: E402
 # count). Per username and address, so nobody can lock another person out from elsewhere. The lockout
 # page says why and for how long (portal/lockout.py), with 429 and Retry-After.
 INSTALLED_APPS += ["axes"]
-AUTHENTICATION_BACKENDS = ["axes.backends.AxesStandaloneBackend", *AUTHENTICATION_BACKENDS]
+# Password spraying: every password sign-in from one address counts, across usernames; past
+# YARD_SIGN_IN_ADDRESS_LIMIT failures within YARD_SIGN_IN_ADDRESS_WINDOW_MIN of the first, that address
+# is refused (429, the lockout page) until the window ends (tenants/lockout.py, AddressLimitBackend).
+AUTHENTICATION_BACKENDS = ["tenants.lockout.AddressLimitBackend", "axes.backends.AxesStandaloneBackend", *AUTHENTICATION_BACKENDS]
+YARD["SIGN_IN_ADDRESS_LIMIT"] = env_int("YARD_SIGN_IN_ADDRESS_LIMIT", 20, minimum=1)
+YARD["SIGN_IN_ADDRESS_WINDOW_S"] = 60 * env_float("YARD_SIGN_IN_ADDRESS_WINDOW_MIN", 15.0, minimum=0.01)
 MIDDLEWARE.append("axes.middleware.AxesMiddleware")
 AXES_FAILURE_LIMIT = env_int("YARD_LOGIN_FAILURE_LIMIT", 10, minimum=1)
 AXES_COOLOFF_TIME = _timedelta(minutes=env_float("YARD_LOGIN_COOLOFF_MIN", 15.0, minimum=0.01))

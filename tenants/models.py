@@ -158,3 +158,19 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.time:%Y-%m-%d %H:%M:%S} {self.actor_label} {self.action} {self.object_type}:{self.object_id}"
+
+
+class RateCounter(models.Model):
+    """One fixed-window counter of tenants/counters.py where the cache is no Redis (the SQLite demo, or
+    PostgreSQL without REDIS_URL): counted by one INSERT … ON CONFLICT DO UPDATE SET count = count + 1,
+    atomic in the database whatever the number of web processes."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    count = models.BigIntegerField(default=0)
+    expires_at = models.FloatField(help_text="epoch seconds the window ends at")
+
+    class Meta:
+        db_table = "yard_rate_counter"
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.count}"

@@ -102,3 +102,22 @@ def _live_server_settles(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
     if "live_server" in request.fixturenames:
         _in_flight.wait_idle()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rate_counters() -> Iterator[None]:
+    """Each test starts with no sign-in or token counts (tenants/counters.py keeps them in Redis, which a
+    test's rollback does not undo; the database's own counters roll back with the test)."""
+    from django.core.cache import caches
+    from django.core.cache.backends.redis import RedisCache
+
+    cache = caches["default"]
+    if isinstance(cache, RedisCache):
+        try:
+            client = cache._cache.get_client(None, write=True)
+            keys = list(client.scan_iter(match=cache.make_key("yard:rate:*"), count=500))
+            if keys:
+                client.delete(*keys)
+        except Exception:  # noqa: BLE001 - Redis away: the fault tests that stop it count nothing here
+            pass
+    yield
