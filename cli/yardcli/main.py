@@ -48,16 +48,38 @@ def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
 
+# The API's field names as `yard submit` and `yard notebook launch` call them: an error about
+# time_limit_s is about --time to the person who typed -t. Only the snake_case names: a plain word
+# (team, name) in a sentence stays a word.
+OPTION_NAMES = {
+    "time_limit_s": "--time",
+    "gpus_per_replica": "--gpus",
+    "memory_mb_per_replica": "--mem",
+    "cpus_per_replica": "--cpus",
+    "gpu_type": "--gpu-type",
+    "checkpoint_dir": "--checkpoint-dir",
+    "leaf_locality": "--leaf-locality",
+}
+_FIELD_WORD = re.compile(r"\b(" + "|".join(sorted(OPTION_NAMES, key=len, reverse=True)) + r")\b")
+
+
+def option_words(text: str) -> str:
+    """``text`` with the API's field names said as the CLI's options (time_limit_s -> --time)."""
+    return _FIELD_WORD.sub(lambda m: OPTION_NAMES[m.group(1)], text)
+
+
 def _fail(message: str, *, code: int = r.EXIT_ERROR, body: Any = None, as_json: bool = False) -> NoReturn:
     if as_json:
         _print_json(body if body is not None else {"code": "cli_error", "message": message, "fields": {}})
     else:
+        message = option_words(message)
         err.print(f"[bold red]error:[/] {message}", markup=True, highlight=False)
         if isinstance(body, dict):
             # The message is the first field's first error; every other one is listed under it.
             for field, messages in (body.get("fields") or {}).items():
                 for msg in messages if isinstance(messages, list) else [messages]:
-                    label = "" if field == "non_field_errors" else f"{field}: "
+                    label = "" if field == "non_field_errors" else f"{OPTION_NAMES.get(field, field)}: "
+                    msg = option_words(str(msg))
                     if f"{label}{msg}" != message:
                         err.print(f"  {label}{msg}", markup=False, highlight=False)
     sys.exit(code)
@@ -82,11 +104,21 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print the AP
 
 
 def _table(columns: list[str], rows: list[list[Any]], *, title: str | None = None) -> None:
+    """A table; on a terminal its cells fold to fit, piped (to grep, awk, a file) each row is one line of
+    columns two spaces apart, no cell cut or wrapped mid-word."""
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    if not out.is_terminal:
+        widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+        lines = [title] if title else []
+        for row in [columns, *cells]:
+            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+        click.echo("\n".join(lines))
+        return
     table = Table(title=title, box=None, header_style="bold", pad_edge=False, show_edge=False)
     for column in columns:
         table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*["" if v is None else str(v) for v in row])
+    for row in cells:
+        table.add_row(*row)
     out.print(table)
 
 
@@ -211,12 +243,17 @@ def _print_preview(preview: dict[str, Any]) -> None:
         "gpus_per_replica",
         "gpu_type",
         "time_limit_s",
+        "cpus_per_replica",
+        "memory_mb_per_replica",
         "priority",
         "leaf_locality",
         "env",
     ):
         if key in job and job[key] not in (None, "", {}):
             out.print(f"  {key}: {job[key]}", markup=False)
+    if not job.get("cpus_per_replica") or not job.get("memory_mb_per_replica"):
+        # Said even where the cluster's defaults apply: a refusal may be for the cores or memory a node lacks.
+        out.print("  cpus_per_replica, memory_mb_per_replica: the cluster's share per GPU (not given)", markup=False)
     out.print("  command:", markup=False)
     for line in str(job.get("command", "")).splitlines():
         out.print(f"    {line}", markup=False)
@@ -817,7 +854,20 @@ def notebook_stop(notebook_id: int, as_json: bool) -> None:
     if as_json:
         _print_json(nb)
     else:
-        out.print(f"notebook {nb['id']} ({nb['name']}): {nb['state']}")
+        out.print(notebook_stop_words(nb))
+
+
+def notebook_stop_words(nb: dict[str, Any]) -> str:
+    """What `yard notebook stop` says: the state after the stop, not the RUNNING it answered in."""
+    head = f"notebook {nb['id']} ({nb['name']})"
+    state = str(nb.get("state", ""))
+    if state in r.TERMINAL:
+        return f"{head}: {state} (ended)"
+    if state in ("RUNNING", "STARTING", "PREEMPTING") or nb.get("stop_requested_at"):
+        return (
+            f"{head}: STOPPING (its kernel got SIGTERM, then SIGKILL after the grace; `yard notebook ls` shows when it has ended)"
+        )
+    return f"{head}: {state or 'stopping'}"
 
 
 # --------------------------------------------------------------------------- quota, report
