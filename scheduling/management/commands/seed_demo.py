@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import secrets
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from scheduling.management.commands.demo_history import seed_history
 from scheduling.models import EnrolmentToken, Gpu, Leaf, Node, NodeState, Spine
 from tenants.models import OrgUnit, Role, UnitKind, hash_token
 from tenants.services import membership_set, quota_set, unit_create
+
+DEMO_ENROLMENT_TTL = timedelta(hours=24)  # what `manage.py enrolment_token` gives by default
 
 DEMO_PASSWORD = "yardmaster-demo"
 
@@ -197,7 +200,11 @@ class Command(BaseCommand):
                 "gpus": node.gpus.count(),
             }
         raw_enrol = "yen_" + secrets.token_urlsafe(30)
-        EnrolmentToken.objects.create(name="demo", token_hash=hash_token(raw_enrol))
+        # It expires as a real one does (enrolment_token_create's 24 h), and a re-seed (every `make run`)
+        # revokes the ones the earlier runs wrote, rather than leave them live for ever.
+        now = timezone.now()
+        EnrolmentToken.objects.filter(name="demo", revoked_at__isnull=True).update(revoked_at=now)
+        EnrolmentToken.objects.create(name="demo", token_hash=hash_token(raw_enrol), created_at=now, expires_at=now + DEMO_ENROLMENT_TTL)
         tokens["enrolment"] = raw_enrol
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(tokens, indent=1))
