@@ -4,6 +4,7 @@ token does not register nodes for ever."""
 
 from __future__ import annotations
 
+import io
 import json
 from datetime import timedelta
 from pathlib import Path
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.django_db
 
 
 def _seed(path: Path) -> str:
-    call_command("seed_demo", "--agent-tokens", str(path), "--no-history", stdout=open("/dev/null", "w"))
+    call_command("seed_demo", "--agent-tokens", str(path), "--no-history", stdout=io.StringIO())
     return json.loads(path.read_text())["enrolment"]
 
 
@@ -30,7 +31,9 @@ def _register(raw: str, name: str) -> int:
         "spine": "spine-x",
         "gpus": [{"index": 0, "uuid": f"GPU-{name}", "gpu_type": "H100", "nvlink_domain": "nv0", "pcie_switch": "sw0"}],
     }
-    answer = Client().post("/api/agent/v1/register", json.dumps(body), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    answer = Client().post(
+        "/api/agent/v1/register", json.dumps(body), content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {raw}"
+    )
     return answer.status_code
 
 

@@ -43,7 +43,9 @@ def test_a_new_limit_says_no_limit_and_unchanged_fields_are_not_listed(world):
     quota_set(actor=oli, unit=org.team_a, gpu_type="A100", guaranteed=0)  # a new quota: no limit
     quota_set(actor=oli, unit=org.team_a, gpu_type="A100", guaranteed=0, limit=16)
     notifications_collect(now=timezone.now())
-    bodies = list(Event.objects.filter(kind=Kind.QUOTA_CHANGED, data__gpu_type="A100").order_by("pk").values_list("body", flat=True))
+    bodies = list(
+        Event.objects.filter(kind=Kind.QUOTA_CHANGED, data__gpu_type="A100").order_by("pk").values_list("body", flat=True)
+    )
     assert bodies[0] == "team-a A100: new quota: guaranteed 0, no limit, weight 1 (by oli)."
     assert bodies[1] == "team-a A100: limit no limit → 16 (by oli)."
     assert all("None" not in b and "1.0 → 1.0" not in b and "guaranteed 0 → 0" not in b for b in bodies)

@@ -204,7 +204,9 @@ class Command(BaseCommand):
         # revokes the ones the earlier runs wrote, rather than leave them live for ever.
         now = timezone.now()
         EnrolmentToken.objects.filter(name="demo", revoked_at__isnull=True).update(revoked_at=now)
-        EnrolmentToken.objects.create(name="demo", token_hash=hash_token(raw_enrol), created_at=now, expires_at=now + DEMO_ENROLMENT_TTL)
+        EnrolmentToken.objects.create(
+            name="demo", token_hash=hash_token(raw_enrol), created_at=now, expires_at=now + DEMO_ENROLMENT_TTL
+        )
         tokens["enrolment"] = raw_enrol
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(tokens, indent=1))
