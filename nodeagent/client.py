@@ -36,9 +36,12 @@ class PortalBlind(PortalUnreachable):
     this time as the node's silence, so neither does the agent (docs/agent-api.md, *What the portal
     counts as silence*). A 503 or 429 without such a code (a load balancer's page) promises nothing."""
 
-    def __init__(self, message: str, retry_after_s: float | None) -> None:
+    def __init__(self, message: str, retry_after_s: float | None, blind_since: float | None = None) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        # When the portal's blind streak began (its clock); two answers of one streak mean it counts all
+        # the time between them as blind (nodeagent/link.py).
+        self.blind_since = blind_since
 
 
 class PortalError(Exception):
@@ -81,7 +84,9 @@ class PortalClient:
             payload = _decode(exc.read())
             if exc.code in BLIND_STATUSES and payload.get("code") in BLIND_CODES:
                 what = f"portal {payload['code']} (HTTP {exc.code}): {payload.get('message', '')}".rstrip(": ")
-                raise PortalBlind(what, _retry_after(exc)) from exc
+                since = payload.get("blind_since")
+                blind_since = float(since) if isinstance(since, int | float) and not isinstance(since, bool) else None
+                raise PortalBlind(what, _retry_after(exc), blind_since) from exc
             if exc.code >= 500:
                 raise PortalUnreachable(f"portal answered HTTP {exc.code}") from exc
             raise PortalError(exc.code, payload) from exc

@@ -9,9 +9,12 @@ is as good as an accepted heartbeat for this clock: it pauses between two of the
 refused connection proves nothing, so the clock runs on. Either way the workloads keep running until
 the clock passes ``stop_after_s`` (docs/agent-api.md, *What the portal counts as silence*).
 
-Each pause is at most ``cover_s`` (the heartbeat interval) from the *sending* of the blind answer's
-request: the portal counts [its answer, its latest answer + one heartbeat interval] as blind
-(scheduling/agent/liveness.py), so the agent never pauses for time the portal counts. A Retry-After
+The portal counts one blind streak, [its first blind answer, its latest + one heartbeat interval], as
+blind (scheduling/agent/liveness.py), and names the streak's start in each answer (``blind_since``).
+Between two answers of one streak the clock pauses for all the time between them, however slow the
+calls were; otherwise (a new streak, or a portal that names none) each pause is at most ``cover_s``
+(the heartbeat interval) from the *sending* of the previous blind answer's request, so the agent
+never pauses for time the portal counts. A Retry-After
 is honoured with jitter, and capped at that same interval, so a shedding spell stays one spell.
 """
 
@@ -66,6 +69,7 @@ class PortalLink:
         self.paused_s = 0.0  # of the time since, how much the portal said it was blind
         self.last_blind_at: float | None = None  # when the latest blind answer came
         self.blind_sent_at: float | None = None  # when its request went out
+        self.blind_streak: float | None = None  # the portal's blind_since in that answer
         self.lost = False  # agent-side liveness tripped (set by stopping.py)
         self._logged_at = -_LOG_EVERY_S
         self.stats: dict[str, CallStats] = {}
@@ -100,14 +104,20 @@ class PortalLink:
             stats.blind += 1
             now = self.clock()
             if self.last_blind_at is not None and self.blind_sent_at is not None:
-                # Paused from the previous blind answer to this one, but never past what the portal counts.
-                self.paused_s += max(0.0, min(now, self.blind_sent_at + self.cover_s) - self.last_blind_at)
+                if exc.blind_since is not None and exc.blind_since == self.blind_streak:
+                    # One streak at the portal: it counts everything between its two answers as blind,
+                    # a slow call included (a database that takes its connect timeout to refuse).
+                    self.paused_s += max(0.0, now - self.last_blind_at)
+                else:
+                    # Paused from the previous blind answer to this one, never past what the portal counts.
+                    self.paused_s += max(0.0, min(now, self.blind_sent_at + self.cover_s) - self.last_blind_at)
             self.last_blind_at, self.blind_sent_at = now, sent_at
+            self.blind_streak = exc.blind_since
             self._wait(f"{exc} on {path}; workloads keep running", retry_after=exc.retry_after_s)
             return None
         except PortalUnreachable as exc:
             stats.unreachable += 1
-            self.last_blind_at = self.blind_sent_at = None  # nothing is known of the time since: it counts
+            self.last_blind_at = self.blind_sent_at = self.blind_streak = None  # nothing is known of the time since: it counts
             self._wait(f"portal unreachable on {path} ({exc})")
             return None
         except PortalError:
@@ -124,7 +134,7 @@ class PortalLink:
         """The portal recorded a heartbeat: the silence clock starts again from zero."""
         self.last_contact = self.clock()
         self.paused_s = 0.0
-        self.last_blind_at = self.blind_sent_at = None
+        self.last_blind_at = self.blind_sent_at = self.blind_streak = None
         if self.lost:
             self.log.info("portal reachable again")
             self.lost = False

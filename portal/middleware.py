@@ -51,19 +51,30 @@ def _json(status: int, body: dict[str, object]) -> HttpResponse:
     return HttpResponse(json.dumps(body), status=status, content_type="application/json")
 
 
-def _record_blind() -> bool:
+def _record_blind() -> float | None:
     """Note in the shared cache that the web tier cannot see (Redis in deployments, the file cache on the
-    demo); False if even that failed, and then agents are not told to pause their silence clocks."""
+    demo) and answer when this blind streak began; None if even that failed, and then agents are not
+    told to pause their silence clocks. The streak's start goes into the answer (``blind_since``): an
+    agent that gets two answers of one streak knows the portal counts all the time between them as
+    blind (scheduling/agent/liveness.py, _web_blind), however long the calls took."""
     from django.core.cache import cache
 
     now = time.time()
     try:
         cache.add(BLIND_SINCE_KEY, now, timeout=24 * 3600)
         cache.set(BLIND_LATEST_KEY, now, timeout=24 * 3600)
+        since = cache.get(BLIND_SINCE_KEY)
     except Exception:
         log.warning("cannot record the web tier's blindness in the cache", exc_info=True)
-        return False
-    return True
+        return None
+    return float(since) if since is not None else now
+
+
+def _blind_body(code: str, message: str, since: float | None) -> dict[str, object]:
+    body: dict[str, object] = {"code": code, "message": message, "fields": {}}
+    if since is not None:
+        body["blind_since"] = since
+    return body
 
 
 def unavailable(request: HttpRequest, exc: BaseException | None = None) -> HttpResponse:
@@ -72,8 +83,9 @@ def unavailable(request: HttpRequest, exc: BaseException | None = None) -> HttpR
         message = "The portal's cache (Redis) is unreachable; nothing was changed. Retry in a few seconds."
     if _is_api(request):
         # "unavailable" is a promise to the agents (docs/agent-api.md): only make it once it is recorded.
-        code = "unavailable" if _record_blind() else "unavailable_unrecorded"
-        response = _json(503, {"code": code, "message": message, "fields": {}})
+        since = _record_blind()
+        code = "unavailable" if since is not None else "unavailable_unrecorded"
+        response = _json(503, _blind_body(code, message, since))
     else:
         response = HttpResponse(
             "<!doctype html><title>Yardmaster: unavailable</title><h1>Unavailable for a moment</h1>"
@@ -93,9 +105,11 @@ def overloaded(request: HttpRequest, *, retry_after_s: float, status: int = 503)
     it as an answer and does not fence, so the time is recorded first, as for a database outage."""
     import random
 
-    recorded = _record_blind() if request.path.startswith("/api/agent/") else True
+    agent = request.path.startswith("/api/agent/")
+    since = _record_blind() if agent else None
     message = "The portal is overloaded and did not take this request; nothing was changed. Retry after Retry-After."
-    response = _json(status, {"code": "overloaded" if recorded else "overloaded_unrecorded", "message": message, "fields": {}})
+    code = "overloaded" if since is not None or not agent else "overloaded_unrecorded"
+    response = _json(status, _blind_body(code, message, since))
     response["Retry-After"] = str(max(1, round(retry_after_s * random.uniform(1.0, 1.5))))
     return response
 
