@@ -19,7 +19,7 @@ from portal.forms import NotebookForm
 from portal.notebook_proxy import notebook_public_url
 from portal.views.common import add_service_errors, signed_in
 from portal.views.jobs import _after_action, default_gpu_type, render_live
-from scheduling.governance.reaper import idle_seconds, policy_for, reap_at, seconds_to_reap
+from scheduling.governance.reaper import idle_seconds, policy_for, reap_at
 from scheduling.models import Job, JobKind, Task, Tier
 from scheduling.notebook_secrets import open_url
 from scheduling.selectors import access_job, access_job_manage, can_manage_job, jobs_visible
@@ -147,13 +147,15 @@ def _activity(job: Job) -> Activity | None:
     idle_s = idle_seconds(job=job, now=now, threshold_pct=policy.threshold_pct, cap_s=policy.timeout_s)
     busy = Task.objects.filter(job=job, attempt=job.attempt).values_list("notebook_kernel_busy", flat=True).first()
     extended_until = job.idle_extended_at + timedelta(seconds=policy.extend_s) if job.idle_extended_at else None
+    # One moment for the words and the countdown: the timeout, an extension and the warning's whole lead.
+    stop_at = reap_at(job=job, policy=policy, idle_s=idle_s, now=now)
     return Activity(
         kernel_busy=busy,
         idle_min=int(idle_s // 60),
         timeout_min=math.ceil(policy.timeout_s / 60),
-        reap_in_min=max(0, math.ceil(seconds_to_reap(job=job, policy=policy, idle_s=idle_s, now=now) / 60)),
+        reap_in_min=max(0, math.ceil((stop_at - now).total_seconds() / 60)),
         threshold_pct=policy.threshold_pct,
-        stop_at=reap_at(job=job, policy=policy, idle_s=idle_s, now=now),
+        stop_at=stop_at,
         warned=job.idle_warned_at is not None,
         can_extend=policy.allow_extend and job.idle_extended_at is None and job.stop_requested_at is None,
         extend_min=round(policy.extend_s / 60),

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.urls import reverse
 from django.utils import timezone
 
 from scheduling.governance.reaper import last_complete_window
-from scheduling.models import Gpu, Job, JobKind, Task
+from scheduling.models import Gpu, IdlePolicy, Job, JobKind, Task
 from scheduling.states import JobState
 from tests.factories import make_job
 from tests.governance.helpers import running_job, telemetry
@@ -185,3 +185,23 @@ def test_a_finished_notebook_shows_no_activity(client, cast):
     job = make_job(team=cast.org.team_a, user=cast.ann, kind=JobKind.NOTEBOOK, state=JobState.CANCELLED)
     client.force_login(cast.ann)
     assert 'id="notebook-activity"' not in client.get(reverse("notebook", args=[job.pk])).content.decode()
+
+
+def test_a_notebook_idle_past_its_timeout_without_a_warning_says_the_warnings_lead(client, cast):
+    """The reaper warns first and stops only after the warning stood its whole lead, so a notebook idle
+    for the whole timeout but not warned yet still has the lead to go: the words and the countdown agree."""
+    now = _now_mid_minute()
+    node = Gpu.objects.first().node
+    job = running_job(team=cast.org.team_a, user=cast.ann, node=node, kind=JobKind.NOTEBOOK, start=now - timedelta(hours=2))
+    Task.objects.filter(job=job).update(notebook_kernel_busy=False)
+    telemetry(job, start=last_complete_window(now) - timedelta(minutes=59), minutes=60, utilization=0.0)
+    client.force_login(cast.ann)
+    body = client.get(reverse("notebook", args=[job.pk])).content.decode()
+    text = " ".join(re.sub(r"<[^>]+>", "", body).split())
+    lead_min = round(IdlePolicy().warn_lead_s / 60)  # the default policy's lead
+    assert lead_min > 0
+    assert f"(in {lead_min} min) unless its GPUs are used." in text, text
+    countdown = re.search(r'data-countdown="([^"]+)"', body)
+    assert countdown is not None
+    stop_at = datetime.fromisoformat(countdown.group(1))
+    assert abs((stop_at - now).total_seconds() - lead_min * 60) < 5
