@@ -84,6 +84,11 @@ class JobForm(_TeamAndGpuTypeForm):
         label="One NVLink fabric domain",
         help_text="All its nodes in one multi-node NVLink domain (an NVL72 rack), or wait",
     )
+    one_per_node = forms.BooleanField(
+        required=False,
+        label="One replica per node",
+        help_text="Each replica on a node of its own, never two on one node (Slurm's --nodes=N)",
+    )
     cpus_per_replica = forms.IntegerField(
         min_value=1, max_value=1024, required=False, label="CPU cores per replica", help_text="Empty: 8 per GPU"
     )
@@ -124,6 +129,7 @@ class JobForm(_TeamAndGpuTypeForm):
             "checkpoint_dir": data.get("checkpoint_dir") or "",
             "leaf_locality": data.get("leaf_locality") or "auto",
             "one_fabric": bool(data.get("one_fabric")),
+            "one_per_node": bool(data.get("one_per_node")),
             "cpus_per_replica": data.get("cpus_per_replica"),
             "memory_mb_per_replica": round(gib * 1024) if (gib := data.get("memory_gb_per_replica")) else None,
         }
@@ -144,6 +150,7 @@ def job_initial(job: Any) -> dict[str, Any]:
         "checkpoint_dir": "",  # a copy gets its own directory unless the user names one
         "leaf_locality": job.leaf_locality,
         "one_fabric": job.one_fabric,
+        "one_per_node": job.one_per_node,
         "cpus_per_replica": job.cpus_per_replica,
         "memory_gb_per_replica": round(job.memory_mb_per_replica / 1024, 3),
     }

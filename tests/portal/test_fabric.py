@@ -44,3 +44,23 @@ def test_cluster_map_draws_a_box_per_fabric_domain_inside_its_leaf(client, cast)
     assert body.count('data-fabric="nvl72-rack-1"') == 1
     box = body.split('data-fabric="nvl72-rack-1"')[1].split("</div>\n        </div>")[0]
     assert "NVLink domain nvl72-rack-1" in box and "h100-01" in box and "h100-02" in box and "h100-03" not in box
+
+
+def test_submit_keeps_one_per_node_and_the_scheduler_gives_each_replica_its_own_node(client, cast):
+    """The form's "One replica per node" is the API's one_per_node (Slurm's --nodes=N): stored, kept by run
+    again and copy, and honoured by the placement: two 1-GPU replicas land on two nodes, not one."""
+    from scheduling.cycle import run_cycle_once
+
+    client.force_login(cast.ann)
+    client.post(reverse("job-submit"), _submit_data(cast, name="spread", replicas="2", gpus_per_replica="1", one_per_node="on"))
+    job = Job.objects.get(name="spread")
+    assert job.one_per_node is True
+    page = client.get(reverse("job-submit") + f"?from={job.pk}").content.decode()
+    assert 'name="one_per_node"' in page and "checked" in page.split('name="one_per_node"')[1].split(">")[0]
+    client.post(reverse("job-submit"), _submit_data(cast, name="packed", replicas="2", gpus_per_replica="1"))
+    assert Job.objects.get(name="packed").one_per_node is False
+    run_cycle_once()
+    spread_nodes = set(Job.objects.get(name="spread").tasks.values_list("node_id", flat=True))
+    packed_nodes = set(Job.objects.get(name="packed").tasks.values_list("node_id", flat=True))
+    assert len(spread_nodes) == 2
+    assert len(packed_nodes) == 1  # best-fit packing puts both on one node when nothing asks otherwise
