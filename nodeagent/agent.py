@@ -10,6 +10,7 @@ the work has a home of its own:
 - stopping.py   — SIGTERM/grace/SIGKILL, fencing, agent-side liveness, stuck groups;
 - shipping.py   — log chunks and exit reports;
 - link.py       — one call at a time, the shared backoff, and the silence clock;
+- health.py     — room on the disk and the clock's offset from the portal's;
 - watchdog.py   — the separate process that stops the workloads should this agent die.
 
 Here: the loop, the journal (adoption after a restart), and reconciliation.
@@ -29,6 +30,7 @@ from nodeagent import __version__, launcher, watchdog
 from nodeagent import journal as journal_mod
 from nodeagent.client import PortalClient
 from nodeagent.config import AgentConfig, check_timeouts, with_portal_limits
+from nodeagent.health import ClockOffset, DiskCheck
 from nodeagent.heartbeat import Heartbeats, newest_mtime
 from nodeagent.identity import Identity, identity_of
 from nodeagent.journal import JournalData, TaskRecord
@@ -72,6 +74,8 @@ class Agent:
         self.node_state: str | None = None
         self.dirty = False
         self.identity: str | None = None
+        self.disk = DiskCheck(self.state_dir)
+        self.clock_offset = ClockOffset()
         # A fleet passes one watchdog for all its agents; a lone agent has its own.
         self.watchdog = guard or watchdog.WatchdogHandle(dirs=[self.state_dir], log_dir=self.state_dir)
         self.link = PortalLink(log=self.log, clock=clock, max_backoff_s=config.heartbeat_interval_s, before_call=self.renew_lease)
@@ -160,12 +164,24 @@ class Agent:
                 self.registration.save_portal_limits(answer)
 
     # -- journal ---------------------------------------------------------------------------------------
-    def save(self) -> None:
-        journal_mod.save(
-            self.journal_path,
-            JournalData(last_contact=self.link.last_contact, identity=self.identity, tasks=list(self.records.values())),
-        )
+    def save(self) -> bool:
+        """Write the journal; False if the disk refused (the next turn of the loop tries again, the
+        heartbeat says so, and nothing new is launched until a write succeeds)."""
+        try:
+            journal_mod.save(
+                self.journal_path,
+                JournalData(last_contact=self.link.last_contact, identity=self.identity, tasks=list(self.records.values())),
+            )
+        except OSError as exc:
+            if self.disk.wrote(exc):
+                self.log.error("cannot write the journal %s: %s; no new work starts here until it can", self.journal_path, exc)
+            self.dirty = True
+            return False
+        if self.disk.write_error is not None:
+            self.log.info("the journal %s is written again", self.journal_path)
+        self.disk.wrote(None)
         self.dirty = False
+        return True
 
     def adopt(self) -> None:
         """Take over the workloads a previous agent started; settle those that ended meanwhile."""

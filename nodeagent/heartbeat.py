@@ -240,12 +240,18 @@ class Heartbeats:
             self.sample_if_due(now)
         gpus, windows, sent_xids, sent_windows = self.telemetry.outgoing()
         use = self.task_use()
-        body = {
+        body: dict[str, Any] = {
             "gpus": gpus,
             "windows": windows,
             "tasks": [self.task_report(r, use.get(r.key)) for r in agent.records.values() if not r.settled][: protocol.MAX_TASKS],
             "draining_reason": agent.stopping.draining_reason(),
+            "disk_problem": agent.disk.problem(),
         }
+        offset = agent.clock_offset.estimate
+        if offset is not None:
+            body["clock_offset_s"], body["clock_offset_error_s"] = round(offset[0], 3), round(offset[1], 3)
+        sent = agent.clock()
+        body["agent_time"] = sent  # before the first estimate, the portal reads the offset from this
         try:
             answer = agent.link.call("heartbeat", body)
         except PortalError as exc:
@@ -258,6 +264,7 @@ class Heartbeats:
             return
         if answer is None:
             return
+        agent.clock_offset.add(sent=sent, received=agent.clock(), portal_time=answer.get("portal_time"))
         agent.link.heartbeat_accepted()
         self.telemetry.acknowledged(sent_xids=sent_xids, windows=sent_windows, latest=bool(gpus))
         agent.adopt_portal_limits(answer)

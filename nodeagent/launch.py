@@ -9,6 +9,7 @@ longer its parent, still learns it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import pwd
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
 
 def gang_env(spec: dict[str, Any], *, name: str, address: str) -> dict[str, str]:
-    """The job's name and its replicas' nodes, for a batch script's Slurm variables (scheduling/api/jobfiles.py):
+    """The job's name and its replicas' nodes, for a batch script's Slurm variables (scheduling/jobfiles/slurm.py):
     YARD_NODELIST, the node names in rank order in Slurm's compressed form (SLURM_JOB_NODELIST), and
     YARD_NODE_ADDRS, "name=address" for each, the address the portal has for it (MASTER_ADDR's kind), so
     `scontrol show hostnames` can give a name that does not resolve here as its address."""
@@ -52,6 +53,15 @@ def read_fence_marker(record: TaskRecord) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else {}
+
+
+# A launch that fails for one of these is the node's fault, not the job's: the job is requeued.
+_NODE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+
+
+def node_fault(exc: OSError) -> str | None:
+    """``"node_fault"`` for an error of the node's disk, else None (the job's own fault)."""
+    return "node_fault" if exc.errno in _NODE_ERRNOS else None
 
 
 def spec_key(spec: dict[str, Any]) -> tuple[int, int]:
@@ -188,6 +198,11 @@ class Workloads:
             gpus=[int(i) for i in spec.get("gpus") or []],
         )
         command = str(spec.get("command") or "")
+        problem = agent.disk.problem()
+        if problem is not None:
+            # It could not be recorded (or soon not): refused before anything starts, and requeued.
+            self.launch_failed(record, f"node {agent.config.name} takes no new work: {problem}", cause="node_fault")
+            return
         unknown = sorted(set(record.gpus) - {gpu.index for gpu in agent.gpus.gpus()})
         if unknown:
             self.launch_failed(record, f"this node has no GPU {unknown}")
@@ -219,14 +234,18 @@ class Workloads:
                 # Jupyter's runtime files (kernel connection files) per task, whatever the owner's home.
                 env["JUPYTER_RUNTIME_DIR"] = str(record.run_dir / ".jupyter-runtime")
         except OSError as exc:
-            self.launch_failed(record, f"cannot prepare the task: {exc}")
+            self.launch_failed(record, f"cannot prepare the task: {exc}", cause=node_fault(exc))
             return
         # The watchdog must be there before the workload: it is what stops it should this agent die.
         agent.watchdog.ensure()
         # Journal first: should the agent die right after the fork, the restarted agent finds the
         # process by its launch id instead of starting it a second time.
         agent.records[record.key] = record
-        agent.save()
+        if not agent.save():
+            # Unrecorded, a process could be started twice by a restarted agent: none is started.
+            problem = agent.disk.problem()
+            self.launch_failed(record, f"node {agent.config.name} cannot record the launch: {problem}", cause="node_fault")
+            return
         limits = cgroups.Limits.from_spec(spec)
         try:
             child = launcher.spawn(
@@ -239,7 +258,7 @@ class Workloads:
                 hold=limits.any,
             )
         except OSError as exc:
-            self.launch_failed(record, f"cannot start the task: {exc}")
+            self.launch_failed(record, f"cannot start the task: {exc}", cause=node_fault(exc))
             return
         try:
             others = [r.pid for r in agent.records.values() if r.live and r.pid is not None and r.key != record.key]
@@ -259,10 +278,12 @@ class Workloads:
         agent.heartbeats.soon()  # the portal records the start with the next heartbeat
         agent.log.info("started task %s attempt %s (pid %s) on GPUs %s, %s", task_id, attempt, child.pid, record.gpus, held)
 
-    def launch_failed(self, record: TaskRecord, message: str) -> None:
-        """The failure goes into the task's log, so the user sees it in the portal."""
+    def launch_failed(self, record: TaskRecord, message: str, *, cause: str | None = None) -> None:
+        """The failure goes into the task's log, so the user sees it in the portal. ``cause`` "node_fault":
+        the node could not run it (its disk), and the portal requeues the job instead of failing it."""
         agent = self.agent
         agent.log.error("task %s attempt %s: %s", record.task_id, record.attempt, message)
+        record.stop_cause = cause
         agent.records[record.key] = record
         try:
             Path(record.workdir).mkdir(parents=True, exist_ok=True)

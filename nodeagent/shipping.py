@@ -118,6 +118,8 @@ class Shipping:
             # Read now that the process is gone: a checkpoint it wrote in its grace period counts.
             "checkpoint_time": newest_mtime(Path(record.checkpoint_dir)),
         }
+        if (offset := agent.clock_offset.estimate) is not None:
+            body["clock_offset_s"] = round(offset[0], 3)  # the portal shifts the times above by it
         try:
             answer = agent.link.call(f"tasks/{record.task_id}/status", body)
         except PortalError as exc:

@@ -38,6 +38,14 @@ class Stopper:
                 agent.dirty = True
             return
         if record.pid is None:
+            # Recorded but never started (its launch failed before the fork, or the agent died there):
+            # a process may yet be found by its launch id; if none is, the stop is done at once.
+            record.pid = launcher.find_by_launch_id(record.launch_id)
+            record.start_ticks = launcher.start_ticks(record.pid) if record.pid else None
+        if record.pid is None:
+            agent.log.info("task %s attempt %s never started: ended (%s)", record.task_id, record.attempt, cause)
+            record.stop_cause = cause
+            agent.workloads.finish(record, None)
             return
         agent.log.info("stopping task %s attempt %s (%s, grace %.0f s)", record.task_id, record.attempt, cause, grace_s)
         record.state = "stopping"

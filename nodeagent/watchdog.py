@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,7 +218,12 @@ class Watchdog:
                 self.idle_since = now
             elif now - self.idle_since >= IDLE_EXIT_S:
                 return 0
-            time.sleep(POLL_S)
+            # A timed wait, not time.sleep: libfaketime (the clock-skew test) makes Python's
+            # clock_nanosleep fail with EINVAL, and the watchdog must run under any clock.
+            _PAUSE.wait(POLL_S)
+
+
+_PAUSE = threading.Event()  # never set: what the loop waits on between polls
 
 
 def _write_marker(path: Path, note: dict[str, Any]) -> None:

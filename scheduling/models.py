@@ -57,6 +57,10 @@ class Node(models.Model):
     # A drain that outlives a restart or an outage: set by an admin, a critical XID or a task that
     # would not die; only an admin's resume clears it (a node back from DOWN comes back DRAINING).
     hold_reason = models.CharField(max_length=255, blank=True)
+    # What the agent last said of its disk ("": room enough) and its clock (seconds ahead of the
+    # portal's, as measured; None: not measured yet). A node with a disk problem takes no new work.
+    disk_problem = models.CharField(max_length=255, blank=True)
+    clock_skew_s = models.FloatField(null=True, blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True)
     simulated = models.BooleanField(default=False, help_text="GPUs simulated by the agent (--simulate)")
     token_hash = models.CharField(max_length=64, blank=True, db_index=True)

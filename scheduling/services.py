@@ -80,7 +80,7 @@ def job_transition(
 # task reports, node loss). Each change is conditional (a second caller finds nothing to do)
 # and leaves a JobEvent; user actions and scheduler decisions leave an AuditEntry too.
 
-STOP_REASONS = ("CANCELLED", "PREEMPTED", "IDLE_TIMEOUT", "TIME_LIMIT", "RANK_FAILED", "NODE_LOST")
+STOP_REASONS = ("CANCELLED", "PREEMPTED", "IDLE_TIMEOUT", "TIME_LIMIT", "RANK_FAILED", "NODE_LOST", "NODE_FAULT")
 # A gang that lost a node cannot go on: its other ranks get a short grace (their checkpoint is the last one).
 NODE_LOST_GRACE_S = 10
 MAX_REPLICAS = 1024
@@ -483,7 +483,7 @@ def job_request_stop(
     )
     if not ordered:
         if reason == "CANCELLED" and Job.objects.filter(
-            pk=job.pk, attempt=job.attempt, stop_reason__in=("PREEMPTED", "NODE_LOST")
+            pk=job.pk, attempt=job.attempt, stop_reason__in=("PREEMPTED", "NODE_LOST", "NODE_FAULT")
         ).update(stop_reason="CANCELLED"):
             job.refresh_from_db()
             _note(job, "cancelled while being stopped for a requeue: it will end cancelled", actor=actor, actor_label=label)
@@ -675,6 +675,11 @@ def _settle(job: Job) -> None:
             job=job, to=JobState.LOST, reason="a node of the gang was lost; every other rank stopped", actor_label="scheduler"
         )
         job_requeue(job=job, reason="a node of the gang was lost", actor_label="scheduler")
+    elif reason == "NODE_FAULT":
+        # A node of the gang could not start its rank (its disk was full): not the job's fault.
+        why = "a node of the gang could not start its rank; every rank stopped"
+        job_transition(job=job, to=JobState.LOST, reason=why, actor_label="scheduler")
+        job_requeue(job=job, reason="a node of the gang could not start its rank", actor_label="scheduler")
     elif reason == "PREEMPTED" and not clean:
         job_transition(
             job=job, to=JobState.PREEMPTED, reason="preempted: every rank stopped", actor_label="scheduler", exit_code=exit_code

@@ -41,6 +41,18 @@ if ! command -v chromium >/dev/null 2>&1; then
   fi
 fi
 
+# libfaketime: the clock-skew fault test runs an agent whose clock is minutes off.
+if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] && ! ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "services: installing Debian's faketime for the clock-skew test"
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null 2>&1 \
+      || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null)) \
+      || echo "services: could not install faketime; the clock-skew test will be skipped with that reason"
+  else
+    echo "services: faketime is not installed (apt-get install faketime); the clock-skew test will be skipped"
+  fi
+fi
+
 if [ "$missing" = 1 ]; then exit 1; fi
 # The test database's owner must exist; `trust` auth on this machine lets postgres create it.
 psql -h 127.0.0.1 -U postgres -d postgres -tAc "select 1" >/dev/null 2>&1 || {

@@ -17,6 +17,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from portal.views.common import add_service_errors, partial, signed_in, team_colour
+from scheduling.agent.services import SKEW_SHOWN_S
 from scheduling.models import Allocation, Gpu, Node, NodeState
 from scheduling.services import DRAIN_REASON_MAX, node_hold, node_resume
 from tenants.selectors import is_cluster_admin
@@ -136,8 +137,24 @@ def cluster_layout() -> tuple[list[SpineBox], dict[str, Any]]:
         if 0 < box.free < len(box.gpus):
             totals["fragmented_free"] += box.free
     summary = {**totals, "teams": sorted(teams.items()), "nodes": len(nodes), "all_nodes": nodes}
-    summary["not_ready"] = [n for n in nodes if n.state != NodeState.READY or n.hold_reason]
+    for n in nodes:
+        n.clock_words = clock_words(n.clock_skew_s)  # type: ignore[attr-defined]
+    summary["not_ready"] = [
+        n
+        for n in nodes
+        if n.state != NodeState.READY or n.hold_reason or n.disk_problem or n.clock_words  # type: ignore[attr-defined]
+    ]
     return list(spines.values()), summary
+
+
+def clock_words(skew_s: float | None) -> str:
+    """A node's clock against the portal's, in words, when it is off by SKEW_SHOWN_S or more ("" otherwise).
+    The portal corrects the times the agent sends by it; the node's NTP should be looked at."""
+    if skew_s is None or abs(skew_s) < SKEW_SHOWN_S:
+        return ""
+    amount = abs(skew_s)
+    said = f"{amount:.0f} s" if amount < 120 else f"{amount / 60:.0f} min" if amount < 7200 else f"{amount / 3600:.1f} h"
+    return f"its clock is {said} {'ahead of' if skew_s > 0 else 'behind'} the portal's"
 
 
 class NodeMaintenanceForm(forms.Form):

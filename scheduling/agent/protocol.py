@@ -221,6 +221,7 @@ TIME = Float(0.0, EPOCH_MAX, description="epoch seconds")
 OPT_TIME = Float(0.0, EPOCH_MAX, nullable=True, description="epoch seconds")
 GPU_INDEX = Int(0, 255)
 # Physical bounds of what NVML reports (an H200 has 141 GiB; the most power-hungry boards draw ~1.2 kW).
+CLOCK_OFFSET = Float(-EPOCH_MAX, EPOCH_MAX, nullable=True, description="seconds, the portal's clock minus the agent's")
 UTIL = Float(0.0, 100.0, description="percent")
 MEMORY_MB = Float(0.0, 16 * 1024 * 1024, description="MiB")
 TEMPERATURE_C = Float(-60.0, 200.0, description="°C")
@@ -285,6 +286,13 @@ HEARTBEAT = Obj(
         "windows": Prop(List(GPU_WINDOW, MAX_WINDOWS), default=list),
         "tasks": Prop(List(TASK_REPORT, MAX_TASKS), default=list),
         "draining_reason": Prop(Str(1000, nullable=True)),
+        # The node's disk is (nearly) full, in words: it takes no new work until this clears.
+        "disk_problem": Prop(Str(1000, nullable=True)),
+        # The agent's clock when it sent this, and its measured offset (portal minus agent, NTP-style):
+        # the portal shifts the times in the body by it (docs/agent-api.md, "Disk and clock").
+        "agent_time": Prop(OPT_TIME),
+        "clock_offset_s": Prop(CLOCK_OFFSET),
+        "clock_offset_error_s": Prop(Float(0.0, 86_400.0, nullable=True, description="seconds")),
     }
 )
 MIG_PROFILE_PATTERN = r"(?:(?:[0-9]+c\.)?[0-9]+g\.[0-9]+gb)?"
@@ -361,8 +369,11 @@ STATUS = Obj(
         "started_at": Prop(OPT_TIME),
         "ended_at": Prop(OPT_TIME),
         "notebook_url": Prop(Str(700, nullable=True)),
-        "stop_cause": Prop(Str(32, nullable=True, choices=("stop", "fenced", "time_limit", "portal_unreachable", "agent_lost"))),
+        "stop_cause": Prop(
+            Str(32, nullable=True, choices=("stop", "fenced", "time_limit", "portal_unreachable", "agent_lost", "node_fault"))
+        ),
         "checkpoint_time": Prop(OPT_TIME),
+        "clock_offset_s": Prop(CLOCK_OFFSET),
     }
 )
 LOGS = Obj(

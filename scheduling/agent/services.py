@@ -132,28 +132,65 @@ class Heartbeat:
     tasks: Sequence[TaskReport] = ()
     draining_reason: str | None = None
     windows: Sequence[GpuWindowReport] = ()
+    disk_problem: str | None = None  # the node's disk is (nearly) full: it takes no new work meanwhile
+    clock_skew_s: float | None = None  # the agent's clock minus the portal's, as measured; None: not known
 
 
-def heartbeat_from(data: dict[str, Any]) -> Heartbeat:
-    """A Heartbeat from a body validated against protocol.HEARTBEAT."""
+# A node's clock is corrected from this skew on (NTP keeps a healthy node within milliseconds, and
+# below a second nothing a person reads changes); the cluster page shows it from SKEW_SHOWN_S.
+SKEW_CORRECTED_S = 1.0
+SKEW_SHOWN_S = 2.0
+
+
+def clock_offset(data: dict[str, Any], *, received: float) -> float | None:
+    """The portal's clock minus the agent's: the agent's own estimate (from round trips, NTP's way), else
+    what its ``agent_time`` says against ``received`` (off by the one-way delay); None if neither is sent."""
+    if data.get("clock_offset_s") is not None:
+        return float(data["clock_offset_s"])
+    if data.get("agent_time") is not None:
+        return received - float(data["agent_time"])
+    return None
+
+
+def _shift(value: float | None, offset: float | None) -> float | None:
+    """An agent's epoch time in the portal's clock."""
+    if value is None or offset is None or abs(offset) < SKEW_CORRECTED_S:
+        return value
+    return value + offset
+
+
+def _window_shift(offset: float | None) -> float:
+    """Windows stay aligned to whole windows (the reaper and reports read them so): a whole number of them."""
+    if offset is None or abs(offset) < SKEW_CORRECTED_S:
+        return 0.0
+    size = float(cast(float, settings.YARD["TELEMETRY_WINDOW_S"]))
+    return round(offset / size) * size
+
+
+def heartbeat_from(data: dict[str, Any], *, received: float | None = None) -> Heartbeat:
+    """A Heartbeat from a body validated against protocol.HEARTBEAT, its times in the portal's clock."""
+    offset = clock_offset(data, received=timezone.now().timestamp() if received is None else received)
+    window_shift = _window_shift(offset)
     return Heartbeat(
         gpus=[GpuSample(**gpu) for gpu in data["gpus"]],
-        windows=[GpuWindowReport(**w) for w in data["windows"]],
+        windows=[GpuWindowReport(**{**w, "start": w["start"] + window_shift}) for w in data["windows"]],
+        disk_problem=data.get("disk_problem") or None,
+        clock_skew_s=None if offset is None else -offset,
         tasks=[
             TaskReport(
                 task_id=t["task_id"],
                 attempt=t["attempt"],
                 state=t["state"],
-                checkpoint_time=t["checkpoint_time"],
+                checkpoint_time=_shift(t["checkpoint_time"], offset),
                 pid=t["pid"],
-                started_at=t["started_at"],
+                started_at=_shift(t["started_at"], offset),
                 cpu_used=t["cpu_used"],
                 memory_used_mb=t["memory_used_mb"],
                 memory_peak_mb=t["memory_peak_mb"],
                 notebook=NotebookReport(
                     url=t["notebook"]["url"],
                     kernel_busy=t["notebook"]["kernel_busy"],
-                    last_activity=t["notebook"]["last_activity"],
+                    last_activity=_shift(t["notebook"]["last_activity"], offset),
                 )
                 if t["notebook"]
                 else None,
@@ -179,11 +216,32 @@ class StatusReport:
     checkpoint_time: float | None = None  # the newest checkpoint, read after the workload exited
 
 
+def status_from(data: dict[str, Any]) -> StatusReport:
+    """A StatusReport from a body validated against protocol.STATUS, its times in the portal's clock
+    (shifted by the offset the agent measured, if it sends one)."""
+    fields = {k: v for k, v in data.items() if k != "clock_offset_s"}
+    offset = data.get("clock_offset_s")
+    for name in ("started_at", "ended_at", "checkpoint_time"):
+        fields[name] = _shift(fields.get(name), offset)
+    return StatusReport(**fields)
+
+
 # An agent that stops work on its own account says why; the job then ends as if the portal had
 # ordered it: past its time limit it fails with TIME_LIMIT, and work stopped because the agent lost
 # the portal is requeued (the node's fault, not the job's) instead of failing on exit status 143.
 # "agent_lost": the node's watchdog stopped it because its agent was gone (killed or hung) too long.
-_AGENT_STOP_REASONS = {"time_limit": "TIME_LIMIT", "portal_unreachable": "PREEMPTED", "agent_lost": "PREEMPTED"}
+# "node_fault": the node could not start it (its disk is full): the job is requeued, elsewhere.
+_AGENT_STOP_REASONS = {
+    "time_limit": "TIME_LIMIT",
+    "portal_unreachable": "PREEMPTED",
+    "agent_lost": "PREEMPTED",
+    "node_fault": "NODE_FAULT",
+}
+_AGENT_STOP_NOTES = {
+    "TIME_LIMIT": "the agent stopped it past its time limit",
+    "PREEMPTED": "its agent lost the portal",
+    "NODE_FAULT": "its node could not start it",
+}
 
 
 @dataclass
@@ -455,7 +513,15 @@ def _next_state(*, node: Node, live: Sequence[Task], heartbeat: Heartbeat) -> tu
         state, reason = NodeState.DRAINING, f"held until an admin resumes it: {node.hold_reason}"[:255]
     if heartbeat.draining_reason and state != NodeState.DRAINING:
         state, reason = NodeState.DRAINING, heartbeat.draining_reason[:255]
+    if heartbeat.disk_problem and state == NodeState.READY:
+        # Like a kubelet's DiskPressure: no new work until the agent says there is room again.
+        state, reason = NodeState.DRAINING, f"{DISK_FULL}{heartbeat.disk_problem}"[:255]
+    elif not heartbeat.disk_problem and state == NodeState.DRAINING and reason.startswith(DISK_FULL) and not node.hold_reason:
+        state, reason = NodeState.READY, "its disk has room again"
     return state, reason
+
+
+DISK_FULL = "disk full: "  # the reason of a node the portal drained for its disk (and returns by itself)
 
 
 def _settle_never_started(*, live: Sequence[Task], reports: Sequence[TaskReport], now: datetime) -> list[Task]:
@@ -633,6 +699,7 @@ def _heartbeat(*, node: Node, heartbeat: Heartbeat, now: datetime) -> HeartbeatR
         node.hold_reason = heartbeat.draining_reason[:255]
         Node.objects.filter(pk=node.pk).update(hold_reason=node.hold_reason)
         audit(actor=None, actor_label=f"agent {node.name}", action="node.drain", obj=node, message=node.hold_reason)
+    _store_node_health(node=node, heartbeat=heartbeat)
     node.last_heartbeat = now
     live = _settle_never_started(live=live, reports=heartbeat.tasks, now=now)
     scheduling_services.tasks_mark_started(tasks=live, reports=_started_reports(live, heartbeat.tasks), now=now)
@@ -644,6 +711,21 @@ def _heartbeat(*, node: Node, heartbeat: Heartbeat, now: datetime) -> HeartbeatR
     return HeartbeatResult(
         node_state=node.state, live_tasks=live, desired=[task_spec(task, gangs.get((task.job_id, task.attempt))) for task in live]
     )
+
+
+def _store_node_health(*, node: Node, heartbeat: Heartbeat) -> None:
+    """The agent's disk problem and the measured skew of its clock, written only when they change."""
+    changes: dict[str, Any] = {}
+    disk = (heartbeat.disk_problem or "")[:255]
+    if disk != node.disk_problem:
+        changes["disk_problem"] = disk
+    skew = heartbeat.clock_skew_s
+    if skew is not None and (node.clock_skew_s is None or abs(skew - node.clock_skew_s) >= SKEW_CORRECTED_S / 2):
+        changes["clock_skew_s"] = round(skew, 3)
+    if changes:
+        Node.objects.filter(pk=node.pk).update(**changes)
+        for name, value in changes.items():
+            setattr(node, name, value)
 
 
 def gang_nodes(tasks: Sequence[Task]) -> dict[tuple[int, int], list[tuple[str, str]]]:
@@ -765,7 +847,9 @@ def task_report_status(*, node: Node, task_id: int, report: StatusReport) -> Tas
         task.job.refresh_from_db(fields=["last_checkpoint_at"])
     stop_reason = _AGENT_STOP_REASONS.get(report.stop_cause or "")
     if stop_reason is not None and task.job.stop_requested_at is None:
-        note = "the agent stopped it past its time limit" if stop_reason == "TIME_LIMIT" else "its agent lost the portal"
+        note = _AGENT_STOP_NOTES[stop_reason]
+        if stop_reason == "NODE_FAULT" and node.disk_problem:
+            note = f"{note}: {node.disk_problem}"
         scheduling_services.job_request_stop(job=task.job, reason=stop_reason, actor_label=f"agent {node.name}", note=note)
         task.refresh_from_db()
     return scheduling_services.task_mark_exited(

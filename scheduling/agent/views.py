@@ -9,6 +9,7 @@ work. Not part of the user API: authenticated only by agent tokens, with its own
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
@@ -138,15 +139,17 @@ def heartbeat(request: HttpRequest) -> HttpResponse:
         if task["notebook"]:
             # The server's token never reaches the database in the clear.
             task["notebook"]["url"] = seal_url(task["notebook"]["url"])
-    result = services.node_heartbeat_by_token(token_hash=hash_token(raw), heartbeat=services.heartbeat_from(data))
+    beat = services.heartbeat_from(data, received=time.time())
+    result = services.node_heartbeat_by_token(token_hash=hash_token(raw), heartbeat=beat)
     if result is None:
         return _error("unauthorized", 401)
-    return _ok({"desired": result.desired, "node_state": result.node_state, **_limits()})
+    # portal_time: the agent measures its clock's offset from it (nodeagent/health.py).
+    return _ok({"desired": result.desired, "node_state": result.node_state, "portal_time": time.time(), **_limits()})
 
 
 @agent_endpoint(schema=protocol.STATUS)
 def task_status(request: HttpRequest, node: Node, data: dict[str, Any], task_id: int) -> HttpResponse:
-    report = services.StatusReport(**{**data, "notebook_url": seal_url(data["notebook_url"])})
+    report = services.status_from({**data, "notebook_url": seal_url(data["notebook_url"])})
     services.task_report_status(node=node, task_id=task_id, report=report)
     return _ok({})
 

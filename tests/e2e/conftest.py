@@ -85,7 +85,10 @@ class Harness:
     agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     # -- agents ----------------------------------------------------------------------------------
-    def start_agent(self, name: str, *, gpus: int = 2, leaf: str = "leaf-1") -> subprocess.Popen[bytes]:
+    def start_agent(
+        self, name: str, *, gpus: int = 2, leaf: str = "leaf-1", env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        """``env``: more for the agent's environment (libfaketime's, say); its state dir is agents/<name>."""
         command = [
             sys.executable, "-m", "nodeagent",
             "--portal", self.url, "--token", self.enrolment,
@@ -93,7 +96,8 @@ class Harness:
             "--leaf", leaf, "--spine", "spine-1", "--state-dir", str(self.root / "agents" / name),
         ]  # fmt: skip
         log = open(self.root / f"agent-{name}.log", "ab")  # noqa: SIM115 - the child holds it
-        process = subprocess.Popen(command, cwd=REPO, env={**os.environ, MARK: self.mark}, stdout=log, stderr=log)
+        environment = {**os.environ, **(env or {}), MARK: self.mark}
+        process = subprocess.Popen(command, cwd=REPO, env=environment, stdout=log, stderr=log)
         self.agents[name] = process
         return process
 
