@@ -28,6 +28,7 @@ import argparse
 import http.client
 import json
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -52,32 +53,57 @@ class Client(threading.Thread):
         self.token, self.count, self.label = token, count, label
         self.latencies: list[float] = []
         self.errors: list[str] = []
+        self.shed = 0  # answers 503/429 "overloaded": retried after Retry-After
+        self.broken = 0  # connections that broke or timed out: retried with the same key
 
     def run(self) -> None:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
         body = json.dumps({"name": "fill", "team": "bench", "replicas": 1, "gpus_per_replica": 1, "gpu_type": "H100",
                            "tier": 2, "command": COMMAND, "time_limit_s": 7200})  # fmt: skip
         for _ in range(self.count):
-            headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json",
-                       "Idempotency-Key": f"{self.label}-{uuid.uuid4().hex}"}  # fmt: skip
+            self.post(conn, body)
+        conn.close()
+
+    def post(self, conn: http.client.HTTPConnection, body: str) -> None:
+        """One submission as the CLI makes it: one Idempotency-Key for all its tries, a 503/429 retried
+        after its Retry-After (the portal shed it: nothing was created), a broken connection retried."""
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json",
+                   "Idempotency-Key": f"{self.label}-{uuid.uuid4().hex}"}  # fmt: skip
+        for _ in range(20):
             began = time.perf_counter()
             try:
                 conn.request("POST", "/api/v1/jobs", body=body, headers=headers)
                 response = conn.getresponse()
                 payload = response.read()
             except (OSError, http.client.HTTPException) as exc:
-                self.errors.append(repr(exc))
+                self.broken += 1
                 conn.close()
-                conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+                time.sleep(0.5)
+                if self.broken > 1000:
+                    self.errors.append(repr(exc))
+                    return
                 continue
             self.latencies.append(time.perf_counter() - began)
-            if response.status != 201:
+            if response.status in (429, 503):
+                self.shed += 1
+                try:
+                    wait = float(response.getheader("Retry-After") or 1)
+                except ValueError:
+                    wait = 1.0
+                time.sleep(min(max(wait, 0.1), 5.0))
+                continue
+            if response.status not in (200, 201):  # 200: a retry the portal had already taken
                 self.errors.append(f"{response.status} {payload[:200]!r}")
-        conn.close()
+            return
+        self.errors.append("gave up after 20 tries")
+
+
+SHED = {"submissions": 0, "broken": 0}
 
 
 def submit(stack: Stack, jobs: int, *, clients: int = 4, label: str) -> tuple[float, list[float], list[str]]:
-    """(seconds, per-request latencies, errors) for `jobs` submissions over `clients` connections."""
+    """(seconds, per-request latencies, errors) for `jobs` submissions over `clients` connections;
+    the sheds and broken connections they met add to SHED."""
     share = [jobs // clients + (1 if i < jobs % clients else 0) for i in range(clients)]
     threads = [Client(stack.url, stack.token, n, label=f"{label}{i}") for i, n in enumerate(share)]
     began = time.perf_counter()
@@ -85,6 +111,8 @@ def submit(stack: Stack, jobs: int, *, clients: int = 4, label: str) -> tuple[fl
         t.start()
     for t in threads:
         t.join()
+    SHED["submissions"] += sum(t.shed for t in threads)
+    SHED["broken"] += sum(t.broken for t in threads)
     return time.perf_counter() - began, [x for t in threads for x in t.latencies], [e for t in threads for e in t.errors]
 
 
@@ -99,9 +127,21 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=5000, help="jobs queued behind a full cluster in phase 2")
     parser.add_argument("--fleets", type=int, default=4, help="fleet processes the agents run in")
     parser.add_argument("--quick", action="store_true", help="1,000 jobs onto 125 nodes, backlog 1,000")
+    parser.add_argument("--hog", type=int, default=0, help="this many CPU-burning processes beside the stack all along")
     args = parser.parse_args()
     if args.quick:
         args.nodes, args.jobs, args.backlog, args.fleets = 125, 1000, 1000, 2
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hog)]
+    try:
+        run(args)
+    finally:
+        for hog in hogs:
+            hog.kill()
+
+
+def run(args: argparse.Namespace) -> None:
+    if args.hog:
+        print(f"load: {args.hog} CPU hog process(es) beside the stack, the clients and the fleets")
     with Stack(nodes=args.nodes, fleets=args.fleets) as stack:
         ready_s = stack.wait_ready()
         print(f"stack: gunicorn 2x4, Celery worker (2) + beat, PostgreSQL, Redis; {args.nodes} agents in {args.fleets} "
@@ -173,6 +213,15 @@ def main() -> None:
         if all_lat:
             print(f"heartbeats over the whole run: {beats['ok']} ok, p50 {1000 * statistics.median(all_lat):.0f} ms, "
                   f"p99 {1000 * pct(all_lat, 99):.0f} ms")  # fmt: skip
+        calls = stats["calls"]
+        blind = sum(c.get("blind", 0) for c in calls.values())
+        unreachable = sum(c.get("unreachable", 0) for c in calls.values())
+        print(f"shed: {SHED['submissions']} submissions answered 503/429 and retried after Retry-After, "
+              f"{SHED['broken']} broken connections retried with the same Idempotency-Key; agents: {blind} calls answered "
+              f"overloaded/unavailable (counted blind), {unreachable} timed out or refused")  # fmt: skip
+        verdict = lost["requeued"] == 0 and lost["lost"] == 0 and stats["tasks_stopped_for_portal_loss"] == 0
+        print(f"verdict: {'held' if verdict else 'NOT held'}: 0 jobs requeued or lost and 0 tasks stopped by agents "
+              f"is the target; every one of the {args.jobs} fill jobs RUNNING: {count(stack, 'RUNNING') >= args.jobs}")  # fmt: skip
 
 
 if __name__ == "__main__":
