@@ -2,7 +2,7 @@
 
 import click
 import pytest
-from yardcli.main import _memory_mb
+from yardcli.commands.submit import _memory_mb
 
 
 @pytest.mark.parametrize(

@@ -3,20 +3,21 @@ each row whole on one line, and `yard notebook stop` saying the stop it started.
 
 from __future__ import annotations
 
-from yardcli import main
+from yardcli.commands.common import _table, option_words
+from yardcli.commands.notebooks import notebook_stop_words
 
 
 def test_an_api_field_is_said_as_the_option_the_person_typed():
-    said = main.option_words("time_limit_s: Ensure this value is less than or equal to 604800; gpus_per_replica too")
+    said = option_words("time_limit_s: Ensure this value is less than or equal to 604800; gpus_per_replica too")
     assert said == "--time: Ensure this value is less than or equal to 604800; --gpus too"
-    assert main.option_words("team: No such team, or not one you may submit to") == (
+    assert option_words("team: No such team, or not one you may submit to") == (
         "team: No such team, or not one you may submit to"
     )  # a plain word stays a word
 
 
 def test_a_piped_table_keeps_every_cell_whole_on_one_line(capsys):
     reason = "queued: the scheduler places it at its next cycle, in a second or two (no cores free on node-07)"
-    main._table(["ID", "STATE", "REASON / WHERE"], [[7, "PENDING", reason], [12, "RUNNING", None]])
+    _table(["ID", "STATE", "REASON / WHERE"], [[7, "PENDING", reason], [12, "RUNNING", None]])
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3
     assert lines[0].split() == ["ID", "STATE", "REASON", "/", "WHERE"]
@@ -26,6 +27,6 @@ def test_a_piped_table_keeps_every_cell_whole_on_one_line(capsys):
 
 
 def test_notebook_stop_says_stopping_not_the_running_it_answered_in():
-    said = main.notebook_stop_words({"id": 4, "name": "nb", "state": "RUNNING", "stop_requested_at": "2026-12-02T10:00Z"})
+    said = notebook_stop_words({"id": 4, "name": "nb", "state": "RUNNING", "stop_requested_at": "2026-12-02T10:00Z"})
     assert said.startswith("notebook 4 (nb): STOPPING") and "RUNNING" not in said
-    assert main.notebook_stop_words({"id": 4, "name": "nb", "state": "CANCELLED"}) == "notebook 4 (nb): CANCELLED (ended)"
+    assert notebook_stop_words({"id": 4, "name": "nb", "state": "CANCELLED"}) == "notebook 4 (nb): CANCELLED (ended)"
