@@ -135,6 +135,9 @@ class Stack:
             "YARD_BIND": f"127.0.0.1:{self.port}",
             "DJANGO_SETTINGS_MODULE": "portal.settings",
             "PYTHONPATH": str(ROOT),
+            # Every simulated node here has the address 127.0.0.1, and rendezvous ports are unique per
+            # address (one host: a job's torch store binds there): room for a one-GPU job on every GPU.
+            "YARD_RENDEZVOUS_PORTS": f"20000-{min(20000 + 16 * max(nodes, 1), 60999)}",
             **(extra_env or {}),
         }
         if database == "sqlite":
