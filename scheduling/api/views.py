@@ -27,7 +27,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from scheduling.api import jobfiles
+from scheduling import jobfiles
 from scheduling.api import serializers as s
 from scheduling.api.errors import api_exception_handler
 from scheduling.api.permissions import TokenRateThrottle, add_rate_limit_headers
@@ -236,7 +236,7 @@ _LIST_PARAMS = [
 ]
 
 
-# --------------------------------------------------------------------------- job files (scheduling/api/jobfiles.py)
+# --------------------------------------------------------------------------- job files (scheduling/jobfiles/)
 
 
 @dataclass(frozen=True)
@@ -376,19 +376,24 @@ def _translation(request: Request) -> jobfiles.Translation | None:
     """The job file in the request, translated; None for the API's own JSON body."""
     data = request.data
     defaults = {"team": request.query_params.get("team") or None, "name": request.query_params.get("name") or None}
-    if isinstance(data, JobFileBody):
-        translation = jobfiles.translate(fmt="slurm" if data.script else "auto", text=data.text, gpu_types=_gpu_types())
-    elif isinstance(data, Mapping) and "format" in data:
-        envelope = s.JobFileIn(data=data)
-        envelope.is_valid(raise_exception=True)
-        e = envelope.validated_data
-        defaults = {"team": e.get("team") or defaults["team"], "name": e.get("name") or defaults["name"]}
-        translation = jobfiles.translate(fmt=e["format"], text=e["file"], gpu_types=_gpu_types())
-    elif isinstance(data, Mapping) and "apiVersion" in data:
-        # a Kubeflow manifest (or a job file with its apiVersion) sent as JSON, as kubectl can
-        translation = jobfiles.translate(fmt="auto", data=dict(data), gpu_types=_gpu_types())
-    else:
-        return None
+    try:
+        if isinstance(data, JobFileBody):
+            translation = jobfiles.translate(fmt="slurm" if data.script else "auto", text=data.text, gpu_types=_gpu_types())
+        elif isinstance(data, Mapping) and "format" in data:
+            envelope = s.JobFileIn(data=data)
+            envelope.is_valid(raise_exception=True)
+            e = envelope.validated_data
+            defaults = {"team": e.get("team") or defaults["team"], "name": e.get("name") or defaults["name"]}
+            translation = jobfiles.translate(fmt=e["format"], text=e["file"], gpu_types=_gpu_types())
+        elif isinstance(data, Mapping) and "apiVersion" in data:
+            # a Kubeflow manifest (or a job file with its apiVersion) sent as JSON, as kubectl can
+            translation = jobfiles.translate(fmt="auto", data=dict(data), gpu_types=_gpu_types())
+        else:
+            return None
+    except jobfiles.JobFileInvalid as exc:
+        # The translators are pure (no Django): their refusal becomes the API's field errors here, a 400 naming
+        # each place in the file (scheduling/api/errors.py), as the service's ValidationErrors do.
+        raise ValidationError(exc.message_dict) from exc
     jobfiles.apply_defaults(translation, only_team=lambda: _only_team(request.user), **defaults)
     return translation
 

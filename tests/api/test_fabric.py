@@ -1,10 +1,10 @@
 """The REST API's one_fabric job option (and #SBATCH --segment): kept, shown and planned with."""
 
 import pytest
-from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from scheduling.api import jobfiles
+from scheduling import jobfiles
+from scheduling.jobfiles import JobFileInvalid
 from scheduling.models import Job, Node
 from scheduling.selectors import snapshot_build
 from tests.api.conftest import job_body, token_client
@@ -40,7 +40,7 @@ def test_sbatch_segment_of_the_whole_gang_asks_for_one_fabric_domain():
     parts = jobfiles.translate(fmt="slurm", text=SBATCH + "#SBATCH --segment=2\nsrun true\n")
     assert "one_fabric" not in parts.fields
     assert any("--segment" in w and "one_fabric" in w for w in parts.warnings)
-    with pytest.raises(ValidationError):
+    with pytest.raises(JobFileInvalid):
         jobfiles.translate(fmt="slurm", text=SBATCH + "#SBATCH --segment=rack\nsrun true\n")
 
 

@@ -19,7 +19,8 @@ import pytest
 
 from nodeagent import hostlist
 from nodeagent.launch import gang_env
-from scheduling.api import jobfiles
+from scheduling import jobfiles
+from scheduling.jobfiles.slurm_shims import SCONTROL_SHIM
 from scheduling.models import Job, Node, Task
 from tests.api.conftest import token_client
 from tests.factories import make_cluster
@@ -218,7 +219,7 @@ def test_the_slurm_variables_and_scontrol_inside_each_script_task(name, tmp_path
 def test_host_lists_compress_as_slurm_writes_them_and_expand_back(names, compressed, tmp_path):
     assert hostlist.compress(names) == compressed
     assert hostlist.expand(compressed) == names
-    shim = jobfiles._SCONTROL_SHIM  # the shell's expansion agrees with the agent's
+    shim = SCONTROL_SHIM  # the shell's expansion agrees with the agent's
     run = subprocess.run(["bash", "-c", f"{shim}\n_yard_hostlist_expand '{compressed}'"], capture_output=True, text=True)
     assert run.stdout.split() == names
 

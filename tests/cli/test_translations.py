@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from django.core.exceptions import ValidationError
 
-from scheduling.api import jobfiles
+from scheduling import jobfiles
+from scheduling.jobfiles import JobFileInvalid
 from tests.cli.conftest import FILES, GOLDEN
 
 GPU_TYPES = ("A100", "H100")
@@ -40,7 +40,7 @@ def test_each_job_file_translates_as_its_golden_copy_says(name: str) -> None:
 
 
 def _refusal(text: str, *, fmt: str = "auto") -> dict[str, list[str]]:
-    with pytest.raises(ValidationError) as err:
+    with pytest.raises(JobFileInvalid) as err:
         jobfiles.translate(fmt=fmt, text=text, gpu_types=GPU_TYPES)
     return err.value.message_dict
 
@@ -309,7 +309,7 @@ def test_sbatch_switches_1_asks_for_one_leaf_switch_and_other_counts_are_weighed
     bounded = jobfiles.translate(fmt="slurm", text=SBATCH_HEAD + "#SBATCH --switches=1@30:00\nsrun true\n")
     assert "leaf_locality" not in bounded.fields
     assert any("--switches" in w and "leaf_locality auto" in w for w in bounded.warnings)
-    with pytest.raises(ValidationError):
+    with pytest.raises(JobFileInvalid):
         jobfiles.translate(fmt="slurm", text=SBATCH_HEAD + "#SBATCH --switches=none\nsrun true\n")
 
 
