@@ -15,10 +15,14 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from typing import cast
 
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponse
+
+from portal.pg.base import budget
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +130,22 @@ def too_large(request: HttpRequest) -> HttpResponse:
     return HttpResponse(message, status=413, content_type="text/plain")
 
 
+AGENT_PATH = "/api/agent/v1/"
+
+
+def agent_budget_s() -> float:
+    """How long an agent's call (a heartbeat above all) may wait on the database in all: well inside
+    the agent's HTTP timeout, which is at most 0.8 x (fence_after_s - heartbeat_interval_s)
+    (nodeagent/config.py), so that a slow database reaches the agent as a prompt "unavailable" (counted
+    blind) rather than as its own timeout (counted as silence). 4 s at the default limits;
+    YARD_AGENT_DB_BUDGET_S overrides."""
+    yard = cast(dict[str, float], settings.YARD)
+    if configured := yard.get("AGENT_DB_BUDGET_S"):
+        return float(configured)
+    room = float(yard["AGENT_FENCE_AFTER_S"]) - float(yard["HEARTBEAT_INTERVAL_S"])
+    return max(min(4.0, 0.3 * room), 0.2)
+
+
 class FaultAnswersMiddleware:
     """503 for a database outage, 413 for an oversized body, whichever view (or DRF) raised it."""
 
@@ -133,6 +153,11 @@ class FaultAnswersMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path.startswith(AGENT_PATH):
+            # An agent's call answers within its budget, slow database or not (portal.pg.base.budget):
+            # every one of them holds a web thread the heartbeats need.
+            with budget(agent_budget_s()):
+                return self.get_response(request)
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:

@@ -283,6 +283,9 @@ YARD = {
     "SYSTEM_RESERVE_MEMORY_MB": env_int("YARD_SYSTEM_RESERVE_MEMORY_MB", 8 * 1024, minimum=0),
     # node liveness (relations asserted in tests: stop-after + grace < DOWN)
     "HEARTBEAT_INTERVAL_S": env_float("YARD_HEARTBEAT_INTERVAL_S", 10.0, minimum=0.2),
+    # The most an agent's call waits on the database in all before it answers 503 "unavailable" (0:
+    # derived from the agents' limits, portal/middleware.py agent_budget_s).
+    "AGENT_DB_BUDGET_S": env_float("YARD_AGENT_DB_BUDGET_S", 0.0, minimum=0),
     "NODE_NOT_READY_S": env_float("YARD_NODE_NOT_READY_S", 50.0, minimum=1),
     "NODE_DOWN_S": env_float("YARD_NODE_DOWN_S", 300.0, minimum=2),
     "AGENT_STOP_AFTER_S": env_float("YARD_AGENT_STOP_AFTER_S", 120.0, minimum=1),

@@ -13,12 +13,33 @@ connection and the next request opens a new one.
 from __future__ import annotations
 
 import inspect
+import math
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import psycopg
 from django.db.backends.postgresql import base
 
 _WAIT_HAS_TIMEOUT = "timeout" in inspect.signature(psycopg.Connection.wait).parameters  # psycopg >= 3.2.x
+_BUDGET_UNTIL: ContextVar[float | None] = ContextVar("yard_db_budget_until", default=None)
+
+
+@contextmanager
+def budget(seconds: float) -> Iterator[None]:
+    """Inside, all the database waits together end ``seconds`` from now (monotonic), each also within its
+    own CLIENT_TIMEOUT_S; past it the caller gets an OperationalError (a 503 "unavailable" on the web
+    tier). For a caller that must answer within its client's timeout however slow the database is: a
+    heartbeat that cannot be recorded in time is better answered "unavailable" (the portal counts that
+    time as blind, the agent pauses its silence clock) than left to time out at the agent, which then
+    counts it as silence and stops its work."""
+    token = _BUDGET_UNTIL.set(time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _BUDGET_UNTIL.reset(token)
 
 
 class BoundedConnection(psycopg.Connection[Any]):
@@ -27,9 +48,14 @@ class BoundedConnection(psycopg.Connection[Any]):
     yard_deadline_s: float = 0.0
 
     def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
-        if not self.yard_deadline_s or not _WAIT_HAS_TIMEOUT or kwargs.get("timeout") is not None:
+        deadline, why = self.yard_deadline_s, "CLIENT_TIMEOUT_S"
+        until = _BUDGET_UNTIL.get()
+        if until is not None:
+            left = max(until - time.monotonic(), 0.001)
+            if not deadline or left < deadline:
+                deadline, why = left, "the request's database budget"
+        if not deadline or not _WAIT_HAS_TIMEOUT or kwargs.get("timeout") is not None:
             return super().wait(gen, *args, **kwargs)
-        deadline = self.yard_deadline_s
         try:
             return super().wait(gen, *args, **{**kwargs, "timeout": deadline})
         except psycopg.errors.OperationalError as exc:
@@ -38,15 +64,22 @@ class BoundedConnection(psycopg.Connection[Any]):
             # Half-way through a protocol exchange: nothing more can be said on this connection.
             self.pgconn.finish()
             raise psycopg.OperationalError(
-                f"PostgreSQL did not answer within {deadline:g} s (CLIENT_TIMEOUT_S); the connection was closed"
+                f"PostgreSQL did not answer within {deadline:g} s ({why}); the connection was closed"
             ) from None
 
 
 class DatabaseWrapper(base.DatabaseWrapper):
     def get_new_connection(self, conn_params: dict[str, Any]) -> Any:
+        until = _BUDGET_UNTIL.get()
+        if until is not None:
+            # Inside a budget a new connection may take what is left of it too (libpq counts whole
+            # seconds, and at least 2).
+            left = max(2, math.ceil(until - time.monotonic()))
+            configured = int(conn_params.get("connect_timeout") or 0)
+            conn_params = {**conn_params, "connect_timeout": min(configured, left) if configured else left}
         connection = super().get_new_connection(conn_params)
-        deadline = float(self.settings_dict.get("CLIENT_TIMEOUT_S") or 0)
-        if deadline and type(connection) is psycopg.Connection:
+        if type(connection) is psycopg.Connection:
+            # Bounded also without a CLIENT_TIMEOUT_S: a request's budget (above) may still apply.
             connection.__class__ = BoundedConnection
-            connection.yard_deadline_s = deadline  # type: ignore[attr-defined]
+            connection.yard_deadline_s = float(self.settings_dict.get("CLIENT_TIMEOUT_S") or 0)  # type: ignore[attr-defined]
         return connection

@@ -80,7 +80,18 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_database_outage_twice_the_node_down_timeout_loses_no_node_and_no_job() -> None:
+FAULTS = {
+    "cut": "cut (connections refused)",
+    "slow": "slow (1 s added to every round trip)",
+    "half_open": "half-open (connections accepted, nothing forwarded)",
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_database_outage_twice_the_node_down_timeout_loses_no_node_and_no_job(fault: str) -> None:
+    """Cut, slow or half-open for 45 s (2.25 x node-down, 7.5 x the agents' stop-after): the agents hear
+    "unavailable" in time (a heartbeat waits on the database within its budget, portal/middleware.py)
+    and keep their work."""
     host, port = "127.0.0.1", int(PG.rsplit(":", 1)[1].split("/")[0])
     with TcpProxy(target=(host, port)) as proxy:
         portal_pg = f"postgres://postgres@127.0.0.1:{proxy.port}"
@@ -97,15 +108,22 @@ def test_a_database_outage_twice_the_node_down_timeout_loses_no_node_and_no_job(
             pids = _workload_pids(stack)
             assert len(pids) == len(jobs)
 
-            proxy.cut()
+            if fault == "cut":
+                proxy.cut()
+            elif fault == "slow":
+                proxy.delay_s = 1.0
+            else:
+                proxy.hang()
             cut_at = time.monotonic()
             time.sleep(5)
-            status, headers, body = _get(stack.url + "/healthz")
-            assert (status, body.get("code")) == (503, "unavailable"), (status, body)
-            assert headers.get("Retry-After")
-            status, headers, body = _get(stack.url + "/api/v1/jobs", stack.token)
-            assert status == 503 and body.get("code") == "unavailable" and headers.get("Retry-After"), (status, body)
+            if fault == "cut":
+                status, headers, body = _get(stack.url + "/healthz")
+                assert (status, body.get("code")) == (503, "unavailable"), (status, body)
+                assert headers.get("Retry-After")
+                status, headers, body = _get(stack.url + "/api/v1/jobs", stack.token)
+                assert status == 503 and body.get("code") == "unavailable" and headers.get("Retry-After"), (status, body)
             time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - cut_at)))
+            proxy.delay_s = 0.0
             proxy.restore()
             outage = time.monotonic() - cut_at
 
@@ -115,12 +133,15 @@ def test_a_database_outage_twice_the_node_down_timeout_loses_no_node_and_no_job(
             lost = stack.lost()
             kept = sum(1 for pid in pids.values() if _alive(pid))
             stopped = stack.fleet_stats()["tasks_stopped_for_portal_loss"]
-            blind = stack.fleet_stats()["calls"].get("heartbeat", {}).get("blind", 0)
+            beats = stack.fleet_stats()["calls"].get("heartbeat", {})
+            blind, timed_out = beats.get("blind", 0), beats.get("unreachable", 0)
             spells = stack.sql("SELECT cause FROM scheduling_blindspell")
+            down_s = float(SHORT["YARD_NODE_DOWN_S"])
             print(
-                f"database outage {outage:.0f} s ({outage / float(SHORT['YARD_NODE_DOWN_S']):.1f} x node-down): nodes {states}; "
+                f"database {FAULTS[fault]} {outage:.0f} s ({outage / down_s:.1f} x node-down): nodes {states}; "
                 f"{lost['lost']} jobs lost, {lost['requeued']} requeued; {kept}/{len(pids)} workloads kept their pids; "
-                f"{blind} heartbeats answered 'unavailable'; {stopped} tasks stopped by agents; blind spells {spells}"
+                f"{blind} heartbeats answered 'unavailable', {timed_out} timed out; {stopped} tasks stopped by agents; "
+                f"blind spells {spells}"
             )
             assert states == {"READY": 4}
             assert (lost["lost"], lost["requeued"], lost["nodes_down"]) == (0, 0, 0)

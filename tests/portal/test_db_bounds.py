@@ -72,3 +72,30 @@ def test_python_dash_m_celery_is_the_worker(monkeypatch: pytest.MonkeyPatch) -> 
     assert isinstance(options, dict)
     assert options["options"] == "-c statement_timeout=120000"
     assert str(options["application_name"]).startswith("yardmaster celery ")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_budget_ends_every_database_wait_inside_it_together() -> None:
+    """portal.pg.base.budget: a statement that outlasts the request's budget fails with an
+    OperationalError at the budget (not at the statement timeout), the connection is closed, and the
+    next statement outside the budget runs on a new one."""
+    import time
+
+    from django.db import OperationalError, connection
+
+    from portal.pg.base import budget
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the budget bounds PostgreSQL connections")
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")  # a connection from before the budget
+    started = time.monotonic()
+    with budget(0.5), pytest.raises(OperationalError, match="budget"), connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sleep(0.3)")
+        cursor.execute("SELECT pg_sleep(0.3)")  # the two together outlast it
+    elapsed = time.monotonic() - started
+    assert 0.45 <= elapsed < 2.0, elapsed
+    connection.close_if_unusable_or_obsolete()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_sleep(0.6), 1")
+        assert cursor.fetchone()[1] == 1
