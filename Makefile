@@ -18,12 +18,16 @@ $(STAMP): pyproject.toml
 run: venv
 	@bash scripts/run-demo.sh $(RUN_ARGS)
 
-## The whole test suite against real PostgreSQL and Redis (started here if installed but stopped).
+## The whole test suite against real PostgreSQL and Redis (started here if installed but stopped), on
+## TEST_WORKERS pytest-xdist workers: each has its own test database (test_<name>_gw1), Redis database
+## (REDIS_URL's + its index), var folder and rendezvous ports (tests/envdefaults.py). TEST_WORKERS=0 runs
+## it in one process.
+TEST_WORKERS ?= 4
 test: venv
 	@bash scripts/services.sh
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/yardmaster} \
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} \
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 ## The property tests on fresh random examples (make test draws the same ones every run); ROUNDS=5 runs 5.
 fuzz: venv

@@ -104,6 +104,17 @@ def _live_server_settles(request: pytest.FixtureRequest) -> Iterator[None]:
         _in_flight.wait_idle()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _fast_password_hashing() -> Iterator[None]:
+    """Users made in this process hash their passwords with MD5, not PBKDF2's million rounds (half a
+    second of CPU each; the API fixtures alone make five users a test). No test here is about the hash.
+    Processes a test starts (gunicorn, the demo) keep the real hashers."""
+    from django.test import override_settings
+
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _fresh_rate_counters() -> Iterator[None]:
     """Each test starts with no sign-in or token counts (tenants/counters.py keeps them in Redis, which a
@@ -121,3 +132,27 @@ def _fresh_rate_counters() -> Iterator[None]:
         except Exception:  # Redis away: the fault tests that stop it count nothing here
             pass
     yield
+
+
+# Under pytest-xdist (`make test`), tests that share something costly run on one worker, one after
+# another: the browser tests one Chromium and each other's CPU (their fleets and cycle threads, timed
+# by what the page shows), the SSO tests their session's IdP (a Node process), a demo file its module's
+# seeded demo. Everything else goes to whichever worker is free (--dist loadgroup).
+XDIST_GROUPS = {
+    "tests/browser/": "browser",
+    "tests/sso/": "sso",
+    "tests/demo/test_devserver.py": "demo-devserver",
+    "tests/demo/test_sqlite_demo.py": "demo-sqlite",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        for prefix, group in XDIST_GROUPS.items():
+            if path.startswith(prefix):
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
