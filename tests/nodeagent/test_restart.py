@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import pytest
 
 from tests.nodeagent.conftest import kill_group, task_spec, wait_gone
 from tests.nodeagent.fakeportal import FakePortal
+
+MARK = "YARD_TEST_AGENT_RUN"
 
 
 class AgentProcess:
@@ -38,10 +41,14 @@ class AgentProcess:
         ]
         self.log = state_dir.parent / "agent.log"
         self.process: subprocess.Popen[bytes] | None = None
+        # Its workloads inherit it: task 30 of another test running at the same time (another xdist
+        # worker, another checkout) is not one of this agent's.
+        self.mark = f"{MARK}={uuid.uuid4().hex}"
 
     def start(self) -> None:
+        name, _, value = self.mark.partition("=")
         with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, name: value})
 
     def kill(self) -> None:
         assert self.process is not None
@@ -61,8 +68,9 @@ def _pids(path: Path) -> list[int]:
     return [int(line) for line in path.read_text().split()] if path.exists() else []
 
 
-def _task_processes(task_id: int) -> list[int]:
-    """Live processes whose environment says they belong to this task: the duplicate detector."""
+def _task_processes(task_id: int, mark: str) -> list[int]:
+    """Live processes whose environment says they belong to this task of the agent marked `mark`: the
+    duplicate detector."""
     found = []
     needle = f"YARD_TASK_ID={task_id}".encode()
     for entry in os.scandir("/proc"):
@@ -73,7 +81,8 @@ def _task_processes(task_id: int) -> list[int]:
             state = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if needle in environ and state != "Z" and int(entry.name) == os.getpgid(int(entry.name)):
+        mine = needle in environ and mark.encode() in environ
+        if mine and state != "Z" and int(entry.name) == os.getpgid(int(entry.name)):
             found.append(int(entry.name))
     return found
 
@@ -104,7 +113,7 @@ def test_restarted_agent_adopts_running_workloads_and_starts_nothing_twice(
     portal.wait_for(adopted, what="task 30 adopted after the restart")
     status = portal.wait_for(lambda: portal.statuses_of(31, "exited"), what="task 31's exit reported")[-1]
     assert status["exit_code"] == 7
-    assert _task_processes(30) == [leader]
+    assert _task_processes(30, agent_process.mark) == [leader]
     assert len(_pids(long_runs)) == 1 and len(_pids(short_runs)) == 1
 
     portal.set_desired("node-r1", [])  # the adopted task is fenced like any other
@@ -121,6 +130,6 @@ def test_agent_exits_on_sigterm_and_leaves_its_workloads_running(portal: FakePor
     agent_process.process.send_signal(signal.SIGTERM)
     assert agent_process.process.wait(timeout=10) == 0
     try:
-        assert _task_processes(32) == [leader]
+        assert _task_processes(32, agent_process.mark) == [leader]
     finally:
         kill_group(leader)
