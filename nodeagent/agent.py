@@ -2,18 +2,23 @@
 
 One Agent runs one node in one thread: `run()` loops until its stop event is set. It installs no
 signal handlers (the CLI does), so the fleet runner can run many Agents in one process. Each part of
-the work has a home of its own:
+the work has a home of its own, with its own state:
 
-- identity.py   — which node this is: registration, the node token, the portal's limits;
-- heartbeat.py  — the heartbeat: the task view, telemetry folded into minute windows, the answer;
-- launch.py     — launch and supervision of each task's process group;
-- stopping.py   — SIGTERM/grace/SIGKILL, fencing, agent-side liveness, stuck groups;
-- shipping.py   — log chunks and exit reports;
+- identity.py   — which node this is: registration, the node token, the portal's limits (Identity);
+- heartbeat.py  — the heartbeat: the task view, telemetry folded into minute windows, the answer (Heartbeats);
+- launch.py     — launch and supervision of each task's process group (Workloads);
+- stopping.py   — SIGTERM/grace/SIGKILL, fencing, agent-side liveness, stuck groups (Stopper);
+- shipping.py   — log chunks and exit reports (Shipping);
 - link.py       — one call at a time, the shared backoff, and the silence clock;
 - health.py     — room on the disk and the clock's offset from the portal's;
 - watchdog.py   — the separate process that stops the workloads should this agent die.
 
-Here: the loop, the journal (adoption after a restart), and reconciliation.
+What the parts share is one context.Node (the current config, the GPUs, the clock, the log, the
+link, the task records, the journal's save and its dirty flag); what one part asks of another is a
+callable, wired in `Agent.__init__`. No part imports this module, so it is the only place that knows
+them all.
+
+Here: the wiring, the loop, the journal (adoption after a restart), and reconciliation.
 """
 
 from __future__ import annotations
@@ -30,11 +35,12 @@ from nodeagent import __version__, launcher, watchdog
 from nodeagent import journal as journal_mod
 from nodeagent.client import PortalClient
 from nodeagent.config import AgentConfig, check_timeouts, with_portal_limits
+from nodeagent.context import AgentFatal, Node, TaskKey
 from nodeagent.health import ClockOffset, DiskCheck
 from nodeagent.heartbeat import Heartbeats, newest_mtime
 from nodeagent.identity import Identity, identity_of
-from nodeagent.journal import JournalData, TaskRecord
-from nodeagent.launch import AgentFatal, Workloads, grace, spec_key
+from nodeagent.journal import JournalData
+from nodeagent.launch import Workloads, grace, spec_key
 from nodeagent.link import PortalLink
 from nodeagent.shipping import Shipping, utf8_cut
 from nodeagent.stopping import Stopper
@@ -63,27 +69,72 @@ class Agent:
         clock: Callable[[], float] = time.time,
         guard: watchdog.WatchdogHandle | None = None,
     ) -> None:
-        self.config = config
         self.gpus = gpus
         self.stop_event = stop_event or threading.Event()
         self.clock = clock
         self.log = _NodeLog(logging.getLogger("nodeagent"), {"node": config.name})
         self.state_dir = config.state_dir
         self.journal_path = self.state_dir / "journal.json"
-        self.records: dict[tuple[int, int], TaskRecord] = {}
-        self.node_state: str | None = None
-        self.dirty = False
         self.identity: str | None = None
-        self.disk = DiskCheck(self.state_dir)
-        self.clock_offset = ClockOffset()
         # A fleet passes one watchdog for all its agents; a lone agent has its own.
         self.watchdog = guard or watchdog.WatchdogHandle(dirs=[self.state_dir], log_dir=self.state_dir)
         self.link = PortalLink(log=self.log, clock=clock, max_backoff_s=config.heartbeat_interval_s, before_call=self.renew_lease)
-        self.registration = Identity(self)
-        self.heartbeats = Heartbeats(self)
-        self.workloads = Workloads(self)
-        self.stopping = Stopper(self)
-        self.shipping = Shipping(self)
+        self.node = Node(
+            config=config,
+            gpus=gpus,
+            clock=clock,
+            log=self.log,
+            state_dir=self.state_dir,
+            link=self.link,
+            disk=DiskCheck(self.state_dir),
+            clock_offset=ClockOffset(),
+            save=self.save,
+        )
+        self.records = self.node.records
+        self.disk = self.node.disk
+        self.clock_offset = self.node.clock_offset
+        # The parts, and what each asks of another. Workloads and Stopper call each other (a time
+        # limit stops a task, a task stopped before it started ends at once), and the Workloads tell
+        # the Heartbeats of each start and end: those two are bound late, by lambdas, so that the
+        # order the parts are made in does not matter.
+        self.registration = Identity(
+            self.node, stop_event=self.stop_event, adopt_limits=lambda limits: self.adopt_portal_limits(limits, save=False)
+        )
+        self.stopping = Stopper(self.node, finish=lambda record, status: self.workloads.finish(record, status))
+        self.workloads = Workloads(
+            self.node,
+            request_stop=self.stopping.request_stop,
+            escalate=self.stopping.escalate,
+            heartbeat_soon=lambda: self.heartbeats.soon(),
+            ensure_watchdog=self.watchdog.ensure,
+        )
+        self.heartbeats = Heartbeats(
+            self.node,
+            draining_reason=self.stopping.draining_reason,
+            measure_use=self.workloads.measure_use,
+            adopt_limits=self.adopt_portal_limits,
+            reconcile=self.reconcile,
+        )
+        self.shipping = Shipping(self.node)
+
+    @property
+    def config(self) -> AgentConfig:
+        """The current configuration: the agent's own, with the portal's limits (kept in the Node, so
+        every part reads the one in force)."""
+        return self.node.config
+
+    @config.setter
+    def config(self, value: AgentConfig) -> None:
+        self.node.config = value
+
+    @property
+    def dirty(self) -> bool:
+        """The journal has news: written at the end of this turn of the loop."""
+        return self.node.dirty
+
+    @dirty.setter
+    def dirty(self, value: bool) -> None:
+        self.node.dirty = value
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def run(self) -> None:
@@ -239,7 +290,7 @@ class Agent:
     # -- reconciliation --------------------------------------------------------------------------------
     def reconcile(self, desired: list[dict[str, Any]]) -> None:
         """Start what should run, stop what should stop, and fence whatever is not in `desired`."""
-        wanted: dict[tuple[int, int], dict[str, Any]] = {}
+        wanted: dict[TaskKey, dict[str, Any]] = {}
         for spec in desired:
             try:
                 wanted[spec_key(spec)] = spec

@@ -15,17 +15,17 @@ if the portal refuses them, so a value it will not take can never make every lat
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nodeagent import notebook, protocol
+from nodeagent.cgroups import TaskUse
 from nodeagent.client import PortalError
+from nodeagent.context import Node, TaskKey
 from nodeagent.journal import TaskRecord
 from nodeagent.topology import GpuSample, GpuSource
-
-if TYPE_CHECKING:
-    from nodeagent.agent import Agent
 
 # Bounds the walk for the newest checkpoint file, so a huge checkpoint tree cannot stall heartbeats.
 CHECKPOINT_SCAN_LIMIT = 10_000
@@ -163,21 +163,36 @@ class Telemetry:
 
 
 class Heartbeats:
-    """Builds each heartbeat, sends it when due, and hands the portal's answer to reconciliation."""
+    """Builds each heartbeat, sends it when due, and hands the portal's answer on: its limits to
+    `adopt_limits`, its `desired` list to `reconcile` (both the agent's). Into the heartbeat go the
+    Stopper's `draining_reason` and the Workloads' `measure_use` (each live task's CPU and memory use)."""
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        self.telemetry = Telemetry(agent.gpus, where=agent.config.name)
+    def __init__(
+        self,
+        node: Node,
+        *,
+        draining_reason: Callable[[], str | None],
+        measure_use: Callable[[], Mapping[TaskKey, TaskUse]],
+        adopt_limits: Callable[[dict[str, Any]], None],
+        reconcile: Callable[[list[dict[str, Any]]], None],
+    ) -> None:
+        self.node = node
+        self.draining_reason = draining_reason
+        self.measure_use = measure_use
+        self.adopt_limits = adopt_limits
+        self.reconcile = reconcile
+        self.telemetry = Telemetry(node.gpus, where=node.config.name)
         self.next_heartbeat = 0.0
-        self.checkpoints: dict[tuple[int, int], tuple[float, float | None]] = {}
+        self.node_state: str | None = None  # as the portal last said
+        self.checkpoints: dict[TaskKey, tuple[float, float | None]] = {}
 
     def soon(self, delay_s: float = 1.0) -> None:
         """Send the next heartbeat within `delay_s` (something changed the portal should hear of)."""
-        self.next_heartbeat = min(self.next_heartbeat, self.agent.clock() + delay_s)
+        self.next_heartbeat = min(self.next_heartbeat, self.node.clock() + delay_s)
 
     def _util_files(self) -> dict[int, Path]:
         files: dict[int, Path] = {}
-        for record in self.agent.records.values():
+        for record in self.node.records.values():
             if record.live:
                 files.update({index: record.util_file for index in record.gpus})
         return files
@@ -186,9 +201,9 @@ class Heartbeats:
         """GPU readings keep their cadence whether or not the portal answers."""
         if now >= self.telemetry.next_sample:
             # At least a few samples per window, however long the heartbeat interval.
-            config = self.agent.config
+            config = self.node.config
             self.telemetry.next_sample = now + min(config.heartbeat_interval_s, config.window_s / 4)
-            self.telemetry.sample(now, self._util_files(), window_s=self.agent.config.window_s)
+            self.telemetry.sample(now, self._util_files(), window_s=self.node.config.window_s)
 
     def _checkpoint_time(self, record: TaskRecord, now: float) -> float | None:
         """The newest checkpoint under the task's directory, walked at most every CHECKPOINT_RESCAN_S per task
@@ -199,14 +214,12 @@ class Heartbeats:
             self.checkpoints[record.key] = cached
         return cached[1]
 
-    def task_use(self) -> dict[tuple[int, int], dict[str, float]]:
+    def task_use(self) -> dict[TaskKey, dict[str, float]]:
         """The real CPU and memory use of each running task, one reading per heartbeat (cgroups.UseMeter:
         one pass over /proc for all of them at most), without the readings the portal would refuse."""
-        workloads = self.agent.workloads
-        live = [(r.key, r.pid, workloads.limiter.group_of(r.key)) for r in self.agent.records.values() if r.live and r.pid]
-        out: dict[tuple[int, int], dict[str, float]] = {}
-        for key, use in workloads.use.measure(live).items():
-            where = f"{self.agent.config.name} task {key[0]}"
+        out: dict[TaskKey, dict[str, float]] = {}
+        for key, use in self.measure_use().items():
+            where = f"{self.node.config.name} task {key[0]}"
             fields = {
                 name: protocol.clean_metric(name, getattr(use, name), where=where, bounds=protocol.TASK_USE_BOUNDS)
                 for name in protocol.TASK_USE_BOUNDS
@@ -222,9 +235,9 @@ class Heartbeats:
             "state": state,
             "pid": record.pid,
             "started_at": record.started_at,
-            "checkpoint_time": self._checkpoint_time(record, self.agent.clock()),
+            "checkpoint_time": self._checkpoint_time(record, self.node.clock()),
             "notebook": (
-                notebook.probe(record.notebook, address=self.agent.config.address)
+                notebook.probe(record.notebook, address=self.node.config.address)
                 if record.notebook is not None and record.live
                 else None
             ),
@@ -233,8 +246,8 @@ class Heartbeats:
         }
 
     def send_if_due(self, now: float) -> None:
-        agent = self.agent
-        if now < self.next_heartbeat or not agent.link.ok(now):
+        node = self.node
+        if now < self.next_heartbeat or not node.link.ok(now):
             return
         if not self.telemetry.latest:
             self.sample_if_due(now)
@@ -243,36 +256,36 @@ class Heartbeats:
         body: dict[str, Any] = {
             "gpus": gpus,
             "windows": windows,
-            "tasks": [self.task_report(r, use.get(r.key)) for r in agent.records.values() if not r.settled][: protocol.MAX_TASKS],
-            "draining_reason": agent.stopping.draining_reason(),
-            "disk_problem": agent.disk.problem(),
+            "tasks": [self.task_report(r, use.get(r.key)) for r in node.records.values() if not r.settled][: protocol.MAX_TASKS],
+            "draining_reason": self.draining_reason(),
+            "disk_problem": node.disk.problem(),
         }
-        offset = agent.clock_offset.estimate
+        offset = node.clock_offset.estimate
         if offset is not None:
             body["clock_offset_s"], body["clock_offset_error_s"] = round(offset[0], 3), round(offset[1], 3)
-        sent = agent.clock()
+        sent = node.clock()
         body["agent_time"] = sent  # before the first estimate, the portal reads the offset from this
         try:
-            answer = agent.link.call("heartbeat", body)
+            answer = node.link.call("heartbeat", body)
         except PortalError as exc:
             # 401: the node was removed or its token revoked; keep trying, liveness stops the work.
             # 400: something in the body was refused; drop the telemetry it may have been.
-            agent.log.error("portal refused the heartbeat: %s", exc)
+            node.log.error("portal refused the heartbeat: %s", exc)
             if exc.status == 400:
                 self.telemetry.refused()
-            agent.link.refused()
+            node.link.refused()
             return
         if answer is None:
             return
-        agent.clock_offset.add(sent=sent, received=agent.clock(), portal_time=answer.get("portal_time"))
-        agent.link.heartbeat_accepted()
+        node.clock_offset.add(sent=sent, received=node.clock(), portal_time=answer.get("portal_time"))
+        node.link.heartbeat_accepted()
         self.telemetry.acknowledged(sent_xids=sent_xids, windows=sent_windows, latest=bool(gpus))
-        agent.adopt_portal_limits(answer)
-        self.next_heartbeat = agent.clock() + agent.config.heartbeat_interval_s
+        self.adopt_limits(answer)
+        self.next_heartbeat = node.clock() + node.config.heartbeat_interval_s
         state = answer.get("node_state")
-        if state != agent.node_state:
-            agent.log.info("portal says node state is %s", state)
-            agent.node_state = state if isinstance(state, str) else None
+        if state != self.node_state:
+            node.log.info("portal says node state is %s", state)
+            self.node_state = state if isinstance(state, str) else None
         desired = answer.get("desired")
-        agent.reconcile(desired if isinstance(desired, list) else [])
-        agent.dirty = True
+        self.reconcile(desired if isinstance(desired, list) else [])
+        node.dirty = True

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+import threading
+from collections.abc import Callable
+from typing import Any
 
 from nodeagent import __version__
 from nodeagent import journal as journal_mod
 from nodeagent.client import Backoff, PortalClient, PortalError, PortalUnreachable
 from nodeagent.config import BACKOFF_INITIAL_S
-from nodeagent.launch import AgentFatal
-
-if TYPE_CHECKING:
-    from nodeagent.agent import Agent
+from nodeagent.context import AgentFatal, Node
 
 ENROLMENT_PREFIX = "yen_"
 LIMIT_KEYS = ("heartbeat_interval_s", "stop_after_s", "fence_after_s", "max_grace_s", "window_s")
@@ -30,15 +29,20 @@ def identity_of(token: str) -> str:
 
 
 class Identity:
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        self.token_file = agent.state_dir / "node-token"
-        self.node_file = agent.state_dir / "node.json"
+    """The node token and the portal's limits kept beside it. `adopt_limits` applies limits the portal
+    sent earlier (node.json) to the running agent; registration gives up once `stop_event` is set."""
+
+    def __init__(self, node: Node, *, stop_event: threading.Event, adopt_limits: Callable[[dict[str, Any]], None]) -> None:
+        self.node = node
+        self.stop_event = stop_event
+        self.adopt_limits = adopt_limits
+        self.token_file = node.state_dir / "node-token"
+        self.node_file = node.state_dir / "node.json"
 
     def node_token(self) -> str | None:
         """The node token: given, kept from an earlier registration, or got now (None: stopped meanwhile)."""
-        agent = self.agent
-        config = agent.config
+        node = self.node
+        config = node.config
         if not config.token.startswith(ENROLMENT_PREFIX):
             return config.token
         if self.token_file.exists():
@@ -50,24 +54,24 @@ class Identity:
             "address": config.address,
             "leaf": config.leaf,
             "spine": config.spine,
-            "simulated": agent.gpus.simulated,
+            "simulated": node.gpus.simulated,
             "agent_version": __version__,
             # The scheduler holds tasks to these (0: unknown, not limited); a simulated node's are configured.
-            "cpus": agent.gpus.cpus,
-            "memory_mb": agent.gpus.memory_mb,
+            "cpus": node.gpus.cpus,
+            "memory_mb": node.gpus.memory_mb,
             # Configured, else what NVML says (only real GPUs know one: simulated sources have none).
-            "fabric_domain": config.fabric_domain or str(getattr(agent.gpus, "fabric_domain", "")),
-            "gpus": [gpu.to_json() for gpu in agent.gpus.gpus()],
+            "fabric_domain": config.fabric_domain or str(getattr(node.gpus, "fabric_domain", "")),
+            "gpus": [gpu.to_json() for gpu in node.gpus.gpus()],
         }
         backoff = Backoff(initial_s=BACKOFF_INITIAL_S, max_s=30.0)
-        while not agent.stop_event.is_set():
+        while not self.stop_event.is_set():
             try:
                 answer = enrol.post("register", body)
                 break
             except PortalUnreachable as exc:
                 delay = backoff.next_delay()
-                agent.log.warning("cannot register with %s (%s); retrying in %.1f s", config.portal, exc, delay)
-                agent.stop_event.wait(delay)
+                node.log.warning("cannot register with %s (%s); retrying in %.1f s", config.portal, exc, delay)
+                self.stop_event.wait(delay)
             except PortalError as exc:
                 raise AgentFatal(self.refusal(exc)) from exc
         else:
@@ -78,13 +82,13 @@ class Identity:
             self.node_file, json.dumps({"node": answer.get("node"), **{k: answer.get(k) for k in LIMIT_KEYS}})
         )
         self.load_portal_limits()
-        agent.log.info("registered as %s", answer.get("node"))
+        node.log.info("registered as %s", answer.get("node"))
         return token
 
     def refusal(self, exc: PortalError) -> str:
         if exc.status == 409:
             return (
-                f"node {self.agent.config.name!r} is registered already: pass its node token (ynd_…) with --token, "
+                f"node {self.node.config.name!r} is registered already: pass its node token (ynd_…) with --token, "
                 f"or remove the node in the portal and enrol it again"
             )
         if exc.status == 401:
@@ -97,7 +101,7 @@ class Identity:
         except (OSError, ValueError):
             return
         if isinstance(saved, dict):
-            self.agent.adopt_portal_limits(saved, save=False)
+            self.adopt_limits(saved)
 
     def save_portal_limits(self, limits: dict[str, Any]) -> None:
         """Keep the portal's latest limits, so a restarted agent applies them before its first heartbeat."""

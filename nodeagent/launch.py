@@ -17,15 +17,14 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from nodeagent import cgroups, hostlist, launcher, notebook
 from nodeagent.config import DEFAULT_GRACE_S, MAX_ORDERED_GRACE_S
+from nodeagent.context import AgentFatal, Node, TaskKey
 from nodeagent.journal import TaskRecord
-
-if TYPE_CHECKING:
-    from nodeagent.agent import Agent
 
 
 def gang_env(spec: dict[str, Any], *, name: str, address: str) -> dict[str, str]:
@@ -40,10 +39,6 @@ def gang_env(spec: dict[str, Any], *, name: str, address: str) -> dict[str, str]
         "YARD_NODELIST": hostlist.compress(n for n, _ in nodes),
         "YARD_NODE_ADDRS": " ".join(f"{n}={a}" for n, a in dict(nodes).items()),
     }
-
-
-class AgentFatal(Exception):
-    """The agent cannot go on (refused enrolment, name taken…); the message is for the operator."""
 
 
 def read_fence_marker(record: TaskRecord) -> dict[str, Any] | None:
@@ -77,26 +72,52 @@ def grace(value: Any, *, default: float) -> float:
     return min(default if value is None else max(0.0, float(value)), MAX_ORDERED_GRACE_S)
 
 
-class Workloads:
-    """Starts tasks as process groups and follows them to their end."""
+class RequestStop(Protocol):
+    """Stopper.request_stop: SIGTERM now, SIGKILL after `grace_s`."""
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        self.children: dict[tuple[int, int], subprocess.Popen[bytes]] = {}
+    def __call__(self, record: TaskRecord, *, cause: str, grace_s: float, reason: str | None) -> None: ...
+
+
+class Workloads:
+    """Starts tasks as process groups and follows them to their end. What it asks of the other parts
+    comes in as callables: the Stopper's `request_stop` (a time limit) and `escalate` (a stopping task
+    still alive), the Heartbeats' `heartbeat_soon` (a start or an end the portal should hear of), and
+    the watchdog's `ensure_watchdog` (running before any workload is)."""
+
+    def __init__(
+        self,
+        node: Node,
+        *,
+        request_stop: RequestStop,
+        escalate: Callable[[TaskRecord, float], None],
+        heartbeat_soon: Callable[[], None],
+        ensure_watchdog: Callable[[], object],
+    ) -> None:
+        self.node = node
+        self.request_stop = request_stop
+        self.escalate = escalate
+        self.heartbeat_soon = heartbeat_soon
+        self.ensure_watchdog = ensure_watchdog
+        self.children: dict[TaskKey, subprocess.Popen[bytes]] = {}
         # How tasks are held to their cores and memory (cgroup v2, else CPU affinity), decided once.
-        self.limiter = cgroups.Limiter.for_node(log=agent.log)
+        self.limiter = cgroups.Limiter.for_node(log=node.log)
         self.use = cgroups.UseMeter()
+
+    def measure_use(self) -> dict[TaskKey, cgroups.TaskUse]:
+        """The real CPU and memory use of each live task (cgroups.UseMeter: one pass over /proc for all of them at most)."""
+        live = [(r.key, r.pid, self.limiter.group_of(r.key)) for r in self.node.records.values() if r.live and r.pid]
+        return self.use.measure(live)
 
     # -- launching -------------------------------------------------------------------------------------
     def checkpoint_dir(self, spec: dict[str, Any]) -> Path:
         raw = spec.get("checkpoint_dir")
         path = Path(str(raw)) if raw else Path(f"job-{spec['job_id']}")
-        return path if path.is_absolute() else self.agent.state_dir / "checkpoints" / path
+        return path if path.is_absolute() else self.node.state_dir / "checkpoints" / path
 
     def open_task_dirs(self) -> None:
         """Task owners must be able to reach their working directories (search permission on every
         directory above them), and nothing more: the tasks and checkpoints folders are mode 0711."""
-        state_dir = self.agent.state_dir
+        state_dir = self.node.state_dir
         folder = launcher.closed_to_others(state_dir)
         if folder is not None:
             raise AgentFatal(
@@ -107,7 +128,7 @@ class Workloads:
             (state_dir / name).mkdir(exist_ok=True)
             (state_dir / name).chmod(0o711)
         if launcher.closed_to_others(Path(sys.executable)) is not None:
-            self.agent.log.warning(
+            self.node.log.warning(
                 "--run-as-owner: notebooks will fail: task owners cannot run this agent's Python (%s)", sys.executable
             )
 
@@ -120,7 +141,7 @@ class Workloads:
             account = pwd.getpwnam(owner)
         except KeyError:
             return None, (
-                f"the job's owner {owner!r} has no local account on node {self.agent.config.name}: add the account "
+                f"the job's owner {owner!r} has no local account on node {self.node.config.name}: add the account "
                 "(LDAP/SSSD or useradd), or run the agent without --run-as-owner"
             )
         if account.pw_uid == 0:
@@ -137,7 +158,7 @@ class Workloads:
         record.log_path.chmod(0o600)
         record.run_dir.mkdir(mode=0o700, exist_ok=True)
         ids = (account.pw_uid, account.pw_gid)
-        if self.agent.gpus.simulated:
+        if self.node.gpus.simulated:
             record.util_file.touch()
             os.chown(record.util_file, *ids)
         for path in (record.run_dir, Path(record.checkpoint_dir)):
@@ -145,7 +166,7 @@ class Workloads:
             path.chmod(0o700)
 
     def task_env(self, spec: dict[str, Any], record: TaskRecord, account: pwd.struct_passwd | None = None) -> dict[str, str]:
-        config = self.agent.config
+        config = self.node.config
         gpus = [int(i) for i in spec.get("gpus") or []]
         env = {**os.environ, **{str(k): str(v) for k, v in (spec.get("env") or {}).items()}}
         if account is not None:
@@ -153,7 +174,7 @@ class Workloads:
         # The agent's variables win over the spec's: a task must not widen its own GPUs.
         # CUDA selects a MIG instance only by its UUID ("MIG-…"); when a task holds any, every device
         # is named by UUID (a whole GPU's "GPU-…" is as good as its index), else by index as before.
-        by_index = {gpu.index: gpu for gpu in self.agent.gpus.gpus()}
+        by_index = {gpu.index: gpu for gpu in self.node.gpus.gpus()}
         mig = any(i in by_index and by_index[i].mig_profile for i in gpus)
         visible = [by_index[i].uuid if mig and i in by_index else str(i) for i in gpus]
         env.update(
@@ -176,14 +197,14 @@ class Workloads:
             }
         )
         env.update(gang_env(spec, name=config.name, address=str(config.address)))
-        if self.agent.gpus.simulated:
+        if self.node.gpus.simulated:
             env["YARD_SIM_UTIL_FILE"] = str(record.util_file)
         return env
 
     def launch(self, spec: dict[str, Any]) -> None:
-        agent = self.agent
+        node = self.node
         task_id, attempt = spec_key(spec)
-        workdir = agent.state_dir / "tasks" / f"{task_id}-{attempt}"
+        workdir = node.state_dir / "tasks" / f"{task_id}-{attempt}"
         time_limit = spec.get("time_limit_s")
         record = TaskRecord(
             task_id=task_id,
@@ -198,17 +219,17 @@ class Workloads:
             gpus=[int(i) for i in spec.get("gpus") or []],
         )
         command = str(spec.get("command") or "")
-        problem = agent.disk.problem()
+        problem = node.disk.problem()
         if problem is not None:
             # It could not be recorded (or soon not): refused before anything starts, and requeued.
-            self.launch_failed(record, f"node {agent.config.name} takes no new work: {problem}", cause="node_fault")
+            self.launch_failed(record, f"node {node.config.name} takes no new work: {problem}", cause="node_fault")
             return
-        unknown = sorted(set(record.gpus) - {gpu.index for gpu in agent.gpus.gpus()})
+        unknown = sorted(set(record.gpus) - {gpu.index for gpu in node.gpus.gpus()})
         if unknown:
             self.launch_failed(record, f"this node has no GPU {unknown}")
             return
         account: pwd.struct_passwd | None = None
-        if agent.config.run_as_owner:
+        if node.config.run_as_owner:
             account, problem = self.owner_account(spec)
             if account is None:
                 self.launch_failed(record, problem)
@@ -229,22 +250,22 @@ class Workloads:
                         "to other users: install the agent where every account can run it (e.g. /opt/yard-agent)",
                     )
                     return
-                record.notebook = notebook.plan_notebook(address=agent.config.address, env=env)
-                command = notebook.notebook_command(record.notebook, address=agent.config.address, root_dir=record.run_dir)
+                record.notebook = notebook.plan_notebook(address=node.config.address, env=env)
+                command = notebook.notebook_command(record.notebook, address=node.config.address, root_dir=record.run_dir)
                 # Jupyter's runtime files (kernel connection files) per task, whatever the owner's home.
                 env["JUPYTER_RUNTIME_DIR"] = str(record.run_dir / ".jupyter-runtime")
         except OSError as exc:
             self.launch_failed(record, f"cannot prepare the task: {exc}", cause=node_fault(exc))
             return
         # The watchdog must be there before the workload: it is what stops it should this agent die.
-        agent.watchdog.ensure()
+        self.ensure_watchdog()
         # Journal first: should the agent die right after the fork, the restarted agent finds the
         # process by its launch id instead of starting it a second time.
-        agent.records[record.key] = record
-        if not agent.save():
+        node.records[record.key] = record
+        if not node.save():
             # Unrecorded, a process could be started twice by a restarted agent: none is started.
-            problem = agent.disk.problem()
-            self.launch_failed(record, f"node {agent.config.name} cannot record the launch: {problem}", cause="node_fault")
+            problem = node.disk.problem()
+            self.launch_failed(record, f"node {node.config.name} cannot record the launch: {problem}", cause="node_fault")
             return
         limits = cgroups.Limits.from_spec(spec)
         try:
@@ -261,39 +282,39 @@ class Workloads:
             self.launch_failed(record, f"cannot start the task: {exc}", cause=node_fault(exc))
             return
         try:
-            others = [r.pid for r in agent.records.values() if r.live and r.pid is not None and r.key != record.key]
+            others = [r.pid for r in node.records.values() if r.live and r.pid is not None and r.key != record.key]
             held = self.limiter.apply(record.key, child.pid, limits, others=others)
         except Exception:
             # The process runs already: a bug in limiting must not leave it started and unrecorded.
-            agent.log.exception("task %s attempt %s: limiting it failed: it runs unlimited", task_id, attempt)
+            node.log.exception("task %s attempt %s: limiting it failed: it runs unlimited", task_id, attempt)
             held = "unlimited"
         finally:
             launcher.release(child)  # limited or not, the workload starts now
         self.children[record.key] = child
         record.pid = child.pid
         record.start_ticks = launcher.start_ticks(child.pid)
-        record.started_at = agent.clock()
+        record.started_at = node.clock()
         record.state = "running"
-        agent.save()
-        agent.heartbeats.soon()  # the portal records the start with the next heartbeat
-        agent.log.info("started task %s attempt %s (pid %s) on GPUs %s, %s", task_id, attempt, child.pid, record.gpus, held)
+        node.save()
+        self.heartbeat_soon()  # the portal records the start with the next heartbeat
+        node.log.info("started task %s attempt %s (pid %s) on GPUs %s, %s", task_id, attempt, child.pid, record.gpus, held)
 
     def launch_failed(self, record: TaskRecord, message: str, *, cause: str | None = None) -> None:
         """The failure goes into the task's log, so the user sees it in the portal. ``cause`` "node_fault":
         the node could not run it (its disk), and the portal requeues the job instead of failing it."""
-        agent = self.agent
-        agent.log.error("task %s attempt %s: %s", record.task_id, record.attempt, message)
+        node = self.node
+        node.log.error("task %s attempt %s: %s", record.task_id, record.attempt, message)
         record.stop_cause = cause
-        agent.records[record.key] = record
+        node.records[record.key] = record
         try:
             Path(record.workdir).mkdir(parents=True, exist_ok=True)
             with open(record.log_path, "a") as handle:
                 handle.write(f"yard-agent: {message}\n")
         except OSError:
             pass
-        record.started_at = agent.clock()
+        record.started_at = node.clock()
         self.finish(record, None)
-        agent.heartbeats.soon()
+        self.heartbeat_soon()
 
     # -- supervision -----------------------------------------------------------------------------------
     def leader_status(self, record: TaskRecord) -> tuple[bool, int | None]:
@@ -308,32 +329,32 @@ class Workloads:
         return True, launcher.read_exit_file(record.exit_file)
 
     def supervise(self) -> None:
-        agent = self.agent
-        for record in list(agent.records.values()):
+        node = self.node
+        for record in list(node.records.values()):
             if record.pid is None or record.state not in ("running", "stopping"):
                 continue
             exited, status = self.leader_status(record)
-            now = agent.clock()
+            now = node.clock()
             if record.state == "running":
                 if exited:
                     # Whatever the workload left behind in its group goes with it.
                     launcher.signal_group(record.pid, signal.SIGKILL)
                     self.finish(record, status)
                 elif record.time_limit_s and record.started_at and now - record.started_at > record.time_limit_s:
-                    agent.stopping.request_stop(record, cause="time_limit", grace_s=record.grace_s, reason="time limit")
+                    self.request_stop(record, cause="time_limit", grace_s=record.grace_s, reason="time limit")
                 continue
             if exited and not launcher.group_alive(record.pid):
                 self.finish(record, status)
             else:
-                agent.stopping.escalate(record, now)
+                self.escalate(record, now)
         self.limiter.sweep()
 
     def finish(self, record: TaskRecord, status: int | None) -> None:
-        agent = self.agent
+        node = self.node
         if record.stop_cause is None and (fenced := read_fence_marker(record)) is not None:
             # The node's watchdog stopped it while no agent was watching: its agent was gone too long.
             record.stop_cause = "agent_lost"
-            record.sigterm_at = fenced.get("sigterm_at") or agent.clock()
+            record.sigterm_at = fenced.get("sigterm_at") or node.clock()
             record.sigkill_at = fenced.get("sigkill_at")
         exit_code, signum = launcher.decode_status(status)
         if status is None and record.sigkill_at is not None:
@@ -342,15 +363,15 @@ class Workloads:
         if record.sigterm_at is not None:
             record.stopped_by = "sigkill" if record.sigkill_at is not None else "sigterm"
         record.state = "exited"
-        record.ended_at = agent.clock()
+        record.ended_at = node.clock()
         self.children.pop(record.key, None)
         if (note := self.limiter.release(record.key)) is not None:
-            agent.log.warning("task %s attempt %s: %s", record.task_id, record.attempt, note)
+            node.log.warning("task %s attempt %s: %s", record.task_id, record.attempt, note)
             with contextlib.suppress(OSError), open(record.log_path, "a") as handle:
                 handle.write(note + "\n")
-        agent.save()
-        agent.heartbeats.soon()
-        agent.log.info(
+        node.save()
+        self.heartbeat_soon()
+        node.log.info(
             "task %s attempt %s ended: exit %s signal %s stopped_by %s",
             record.task_id,
             record.attempt,

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from nodeagent.client import PortalError
 from nodeagent.config import LOG_CHUNK_BYTES, LOG_CHUNKS_PER_ROUND, LOG_SHIP_INTERVAL_S
+from nodeagent.context import Node
 from nodeagent.heartbeat import newest_mtime
 from nodeagent.journal import TaskRecord
-
-if TYPE_CHECKING:
-    from nodeagent.agent import Agent
 
 
 def utf8_cut(raw: bytes) -> int:
@@ -32,15 +29,17 @@ def utf8_cut(raw: bytes) -> int:
 
 
 class Shipping:
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    """Ships each task's log and reports its end; it needs nothing of the other parts."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
         self.next_log_ship = 0.0
 
     def ship_logs_if_due(self) -> None:
-        if self.agent.clock() < self.next_log_ship:
+        if self.node.clock() < self.next_log_ship:
             return
-        self.next_log_ship = self.agent.clock() + LOG_SHIP_INTERVAL_S
-        for record in list(self.agent.records.values()):
+        self.next_log_ship = self.node.clock() + LOG_SHIP_INTERVAL_S
+        for record in list(self.node.records.values()):
             if record.state != "launching" and not record.log_closed:
                 self.ship_log_round(record)
 
@@ -51,8 +50,8 @@ class Shipping:
 
     def _ship_log_chunk(self, record: TaskRecord) -> bool:
         """Send the next chunk of the task's log; True if there may be more to send right now."""
-        agent = self.agent
-        if not agent.link.ok(agent.clock()):
+        node = self.node
+        if not node.link.ok(node.clock()):
             return False
         if record.state != "exited":
             # Most logs are quiet most of the time: a stat says so without opening the file.
@@ -76,11 +75,11 @@ class Shipping:
             return False
         data = raw.decode("utf-8", errors="replace")
         try:
-            answer = agent.link.call(
+            answer = node.link.call(
                 f"tasks/{record.task_id}/logs", {"attempt": record.attempt, "offset": record.log_offset, "data": data}
             )
         except PortalError as exc:
-            agent.log.warning("portal refused the log of task %s attempt %s: %s", record.task_id, record.attempt, exc)
+            node.log.warning("portal refused the log of task %s attempt %s: %s", record.task_id, record.attempt, exc)
             record.log_closed = True
             return False
         if answer is None:
@@ -91,11 +90,11 @@ class Shipping:
 
     def flush_reports(self) -> None:
         """Each ended task's end, once the portal has its start (from a heartbeat) and its whole log."""
-        agent = self.agent
-        for record in list(agent.records.values()):
+        node = self.node
+        for record in list(node.records.values()):
             if record.state != "exited" or record.settled or not record.running_reported:
                 continue
-            if not agent.link.ok(agent.clock()):
+            if not node.link.ok(node.clock()):
                 return
             if not record.log_closed:
                 self.ship_log_round(record)
@@ -103,7 +102,7 @@ class Shipping:
                 self.report_exit(record)
 
     def report_exit(self, record: TaskRecord) -> None:
-        agent = self.agent
+        node = self.node
         body = {
             "attempt": record.attempt,
             "state": "exited",
@@ -118,18 +117,18 @@ class Shipping:
             # Read now that the process is gone: a checkpoint it wrote in its grace period counts.
             "checkpoint_time": newest_mtime(Path(record.checkpoint_dir)),
         }
-        if (offset := agent.clock_offset.estimate) is not None:
+        if (offset := node.clock_offset.estimate) is not None:
             body["clock_offset_s"] = round(offset[0], 3)  # the portal shifts the times above by it
         try:
-            answer = agent.link.call(f"tasks/{record.task_id}/status", body)
+            answer = node.link.call(f"tasks/{record.task_id}/status", body)
         except PortalError as exc:
             if exc.status in (404, 409):
-                agent.log.warning("portal says task %s attempt %s is stale (%s)", record.task_id, record.attempt, exc.code)
+                node.log.warning("portal says task %s attempt %s is stale (%s)", record.task_id, record.attempt, exc.code)
             else:
-                agent.log.error("portal refused the status of task %s: %s", record.task_id, exc)
+                node.log.error("portal refused the status of task %s: %s", record.task_id, exc)
             answer = {}  # nothing more of this attempt is wanted: not its log, not its end
             record.log_closed = True
         if answer is None:
             return
         record.exit_reported = True
-        agent.dirty = True
+        node.dirty = True

@@ -13,29 +13,30 @@ gone, the node's watchdog did (nodeagent/watchdog.py).
 from __future__ import annotations
 
 import signal
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from nodeagent import launcher
 from nodeagent.client import PortalError
+from nodeagent.context import Node, TaskKey
 from nodeagent.journal import TaskRecord
-
-if TYPE_CHECKING:
-    from nodeagent.agent import Agent
 
 
 class Stopper:
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
-        self.drains_posted: set[tuple[int, int]] = set()
+    """Stops tasks; `finish` (the Workloads') records the end of one that never started."""
+
+    def __init__(self, node: Node, *, finish: Callable[[TaskRecord, int | None], None]) -> None:
+        self.node = node
+        self.finish = finish
+        self.drains_posted: set[TaskKey] = set()
 
     def request_stop(self, record: TaskRecord, *, cause: str, grace_s: float, reason: str | None) -> None:
-        agent = self.agent
-        now = agent.clock()
+        node = self.node
+        now = node.clock()
         if record.state == "stopping":
             # A later, more urgent stop (fencing) may only shorten the grace.
             if record.stop_deadline is None or now + grace_s < record.stop_deadline:
                 record.stop_deadline = now + grace_s
-                agent.dirty = True
+                node.dirty = True
             return
         if record.pid is None:
             # Recorded but never started (its launch failed before the fork, or the agent died there):
@@ -43,36 +44,36 @@ class Stopper:
             record.pid = launcher.find_by_launch_id(record.launch_id)
             record.start_ticks = launcher.start_ticks(record.pid) if record.pid else None
         if record.pid is None:
-            agent.log.info("task %s attempt %s never started: ended (%s)", record.task_id, record.attempt, cause)
+            node.log.info("task %s attempt %s never started: ended (%s)", record.task_id, record.attempt, cause)
             record.stop_cause = cause
-            agent.workloads.finish(record, None)
+            self.finish(record, None)
             return
-        agent.log.info("stopping task %s attempt %s (%s, grace %.0f s)", record.task_id, record.attempt, cause, grace_s)
+        node.log.info("stopping task %s attempt %s (%s, grace %.0f s)", record.task_id, record.attempt, cause, grace_s)
         record.state = "stopping"
         record.stop_cause = cause
         record.stop_reason = reason
         record.sigterm_at = now
         record.stop_deadline = now + grace_s
         launcher.signal_group(record.pid, signal.SIGTERM)
-        agent.save()
+        node.save()
 
     def escalate(self, record: TaskRecord, now: float) -> None:
         """A stopping task still alive: SIGKILL at the end of its grace; drain the node if even that fails."""
         assert record.pid is not None
         if record.sigkill_at is None and record.stop_deadline is not None and now >= record.stop_deadline:
-            self.agent.log.warning("task %s attempt %s outlived its grace: SIGKILL", record.task_id, record.attempt)
+            self.node.log.warning("task %s attempt %s outlived its grace: SIGKILL", record.task_id, record.attempt)
             launcher.signal_group(record.pid, signal.SIGKILL)
             record.sigkill_at = now
-            self.agent.dirty = True
-        elif record.sigkill_at is not None and now - record.sigkill_at >= self.agent.config.unkillable_after_s:
+            self.node.dirty = True
+        elif record.sigkill_at is not None and now - record.sigkill_at >= self.node.config.unkillable_after_s:
             self.drain_for(record)
 
     def draining_reason(self) -> str | None:
-        now = self.agent.clock()
-        after = self.agent.config.unkillable_after_s
+        now = self.node.clock()
+        after = self.node.config.unkillable_after_s
         stuck = [
             r
-            for r in self.agent.records.values()
+            for r in self.node.records.values()
             if r.state == "stopping" and r.sigkill_at is not None and now - r.sigkill_at >= after
         ]
         if not stuck:
@@ -80,34 +81,34 @@ class Stopper:
         return "; ".join(f"task {r.task_id} attempt {r.attempt} (pid {r.pid}) survived SIGKILL for {after:.0f} s" for r in stuck)
 
     def drain_for(self, record: TaskRecord) -> None:
-        agent = self.agent
+        node = self.node
         if record.key in self.drains_posted:
             return
         reason = (
             f"task {record.task_id} attempt {record.attempt} (pid {record.pid}) survived SIGKILL for "
-            f"{agent.config.unkillable_after_s:.0f} s"
+            f"{node.config.unkillable_after_s:.0f} s"
         )
-        agent.log.error("draining the node: %s", reason)
-        if agent.link.ok(agent.clock()):
+        node.log.error("draining the node: %s", reason)
+        if node.link.ok(node.clock()):
             try:
-                if agent.link.call("drain", {"reason": reason}) is not None:
+                if node.link.call("drain", {"reason": reason}) is not None:
                     self.drains_posted.add(record.key)
             except PortalError as exc:
-                agent.log.error("portal refused the drain: %s", exc)
+                node.log.error("portal refused the drain: %s", exc)
                 self.drains_posted.add(record.key)
 
     def check_liveness(self) -> None:
         """Past stop_after_s of silence (as the portal counts it), stop the workloads: the portal will requeue them."""
-        agent = self.agent
-        silence = agent.link.silence()
-        if silence <= agent.config.stop_after_s:
+        node = self.node
+        silence = node.link.silence()
+        if silence <= node.config.stop_after_s:
             return
-        running = [r for r in agent.records.values() if r.state == "running"]
-        if running and not agent.link.lost:
-            agent.log.error("portal has not accepted a heartbeat for %.0f s: stopping %d task(s)", silence, len(running))
-        agent.link.lost = True
+        running = [r for r in node.records.values() if r.state == "running"]
+        if running and not node.link.lost:
+            node.log.error("portal has not accepted a heartbeat for %.0f s: stopping %d task(s)", silence, len(running))
+        node.link.lost = True
         # Stopping ones too: a long grace the portal ordered is cut short, so that everything here is
         # gone before the portal declares the node DOWN and starts the work elsewhere.
-        cap = agent.config.max_grace_s
-        for record in [r for r in agent.records.values() if r.state in ("running", "stopping")]:
+        cap = node.config.max_grace_s
+        for record in [r for r in node.records.values() if r.state in ("running", "stopping")]:
             self.request_stop(record, cause="portal_unreachable", grace_s=min(record.grace_s, cap), reason=None)
