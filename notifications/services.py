@@ -38,6 +38,7 @@ from notifications.kinds import CHOOSABLE, DEFAULTS, Channel, Kind
 from notifications.models import DeliveryState, Event, Notification, Preference, Watermark, Webhook
 from scheduling.models import Job, JobEvent
 from scheduling.states import JobState
+from tenants.dispatch import send_task
 from tenants.models import ApiToken, AuditEntry, Membership, OrgUnit, Role, TokenKind, UnitKind
 
 log = logging.getLogger(__name__)
@@ -131,14 +132,18 @@ def _emit(spec: EventSpec, *, now: datetime) -> list[int]:
     return [n.pk for n in made if n.channel != Channel.PORTAL]
 
 
+def _deliver(pk: int) -> None:
+    """Queue one delivery, by the task's name (notifications.tasks imports this module)."""
+    send_task("notifications.tasks.deliver", (pk,))
+
+
 def _dispatch(ids: list[int]) -> None:
     if not ids:
         return
-    from notifications.tasks import deliver
 
     def send() -> None:
         for pk in ids:
-            deliver.delay(pk)
+            _deliver(pk)
 
     # robust: a broker hiccup must not undo the collect; the sweep queues lost deliveries again.
     transaction.on_commit(send, robust=True)
@@ -212,11 +217,8 @@ def _sweep(*, now: datetime) -> None:
             state=DeliveryState.PENDING, next_attempt_at__lt=now - timedelta(seconds=LOST_TASK_S)
         ).values_list("pk", flat=True)[:1000]
     )
-    if overdue:
-        from notifications.tasks import deliver
-
-        for pk in overdue:
-            deliver.delay(pk)
+    for pk in overdue:
+        _deliver(pk)
 
 
 def notifications_collect(*, now: datetime) -> CollectReport:

@@ -72,7 +72,7 @@ _PAGE_CSP = "default-src 'none'; style-src 'unsafe-inline'; frame-ancestors 'non
 
 @dataclass(frozen=True)
 class Target:
-    """The Jupyter server of a notebook the person may open, as portal/views/notebooks.py found it."""
+    """The Jupyter server of a notebook the person may open, as portal/notebook_access.py found it."""
 
     base: str  # http://node:port/notebooks/42/lab/
     token: str | None
@@ -93,7 +93,7 @@ def _session_user(session_key: str | None) -> Any:
 
 
 def _authorize_sync(session_key: str | None, pk: int) -> Verdict:
-    from portal.views.notebooks import notebook_target
+    from portal.notebook_access import notebook_target  # models: only once the apps are loaded
 
     close_old_connections()  # as Django does around each request: this runs outside one
     try:

@@ -1,10 +1,9 @@
-import secrets
-
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from scheduling.agent.tokens import new_enrolment_token
 from scheduling.models import (
     Allocation,
     EnrolmentToken,
@@ -133,7 +132,7 @@ class EnrolmentTokenAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def save_model(self, request: HttpRequest, obj: EnrolmentToken, form, change: bool) -> None:  # type: ignore[no-untyped-def]
         raw = None
         if not change:
-            raw = "yen_" + secrets.token_urlsafe(30)
+            raw = new_enrolment_token()
             obj.token_hash = hash_token(raw)
         super().save_model(request, obj, form, change)
         audit(

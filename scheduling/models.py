@@ -86,7 +86,7 @@ class Gpu(models.Model):
     gpu_type = models.CharField(max_length=32)
     model_name = models.CharField(max_length=100, blank=True)
     memory_mb = models.PositiveIntegerField(default=0)
-    # Qualified by the node's name ("<node>/<label>", scheduling/agent/services.py): up to 63 + 1 + 40.
+    # Qualified by the node's name ("<node>/<label>", scheduling/agent/services/registration.py): up to 63 + 1 + 40.
     nvlink_domain = models.CharField(max_length=128)
     pcie_switch = models.CharField(max_length=128)
     numa_node = models.CharField(max_length=128)

@@ -16,15 +16,15 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from portal.forms import NotebookForm
+from portal.notebook_access import can_open_notebook, server_url
 from portal.notebook_proxy import notebook_public_url
 from portal.views.common import add_service_errors, signed_in
 from portal.views.jobs import _after_action, default_gpu_type, render_live
 from scheduling.governance.reaper import idle_seconds, policy_for, reap_at
 from scheduling.models import Job, JobKind, Task, Tier
-from scheduling.notebook_secrets import open_url
 from scheduling.selectors import access_job, access_job_manage, can_manage_job, jobs_visible
 from scheduling.services import JobSpec, job_cancel, job_submit
-from scheduling.states import TERMINAL_STATES, JobState, TaskState
+from scheduling.states import TERMINAL_STATES, JobState
 from tenants.selectors import teams_submittable
 
 RECENT = 10
@@ -37,54 +37,9 @@ def _notebook(request: HttpRequest, pk: int) -> Job:
     return job
 
 
-def _server_url(job: Job) -> str:
-    """The Jupyter server's URL with its token, once the agent's probe of the server got an answer; else "".
-
-    The agent reports the URL as soon as it starts the server, and ``notebook_kernel_busy`` (true or
-    false) only while the server answers its probe: offering the link before then would open a refused
-    connection.
-    """
-    task = (
-        Task.objects.filter(job=job, attempt=job.attempt, state=TaskState.RUNNING, notebook_kernel_busy__isnull=False)
-        .exclude(notebook_url="")
-        .only("notebook_url")
-        .first()
-    )
-    return task.notebook_url if task else ""
-
-
 def notebook_lab_url(job: Job) -> str:
     """Where a browser opens the notebook: the portal's notebook proxy (portal/notebook_proxy.py), never the node."""
     return f"{notebook_public_url()}/notebooks/{job.pk}/lab/"
-
-
-def can_open_notebook(*, user: object, job: Job) -> bool:
-    """Its owner, its team's lead, an admin above the team (the people who may stop it); nobody else, not
-    even a teammate: a notebook is its owner's files and kernels."""
-    return can_manage_job(user=user, job=job)  # type: ignore[arg-type]
-
-
-@dataclass(frozen=True)
-class NotebookTarget:
-    base: str  # http://node:port/notebooks/42/lab/
-    token: str | None
-
-
-def notebook_target(*, user: object, pk: int) -> NotebookTarget | None:
-    """The Jupyter server behind notebook ``pk`` if ``user`` may open it and it runs and answers; else None.
-
-    What the notebook proxy asks before it forwards a request (with the token, opened from its seal)."""
-    try:
-        job = access_job(user=user, pk=pk)  # type: ignore[arg-type]
-    except Http404:
-        return None
-    if job.kind != JobKind.NOTEBOOK or job.state != JobState.RUNNING or not can_open_notebook(user=user, job=job):
-        return None
-    stored = _server_url(job)
-    if not stored:
-        return None
-    server = open_url(stored)
-    return NotebookTarget(base=server.base, token=server.token)
 
 
 @login_required
@@ -181,7 +136,7 @@ def notebook_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "is_owner": is_owner,
         # Only its owner learns that a server is up: the URL carries the token, and the page says nothing more.
         # Only those who may open it learn that a server is up; the link is the portal's proxy, no token in it.
-        "ready": may_open and bool(_server_url(job)),
+        "ready": may_open and bool(server_url(job)),
         "can_manage": can_manage_job(user=request.user, job=job),
         "terminal_states": [s.value for s in TERMINAL_STATES],
         "activity": _activity(job),
@@ -196,7 +151,7 @@ def notebook_open(request: HttpRequest, pk: int) -> HttpResponse:
     job = _notebook(request, pk)
     if not can_open_notebook(user=request.user, job=job):
         raise Http404("No such notebook")
-    if not _server_url(job) or job.state != JobState.RUNNING:
+    if not server_url(job) or job.state != JobState.RUNNING:
         messages.info(request, "The notebook is not running yet")
         return HttpResponseRedirect(reverse("notebook", args=[job.pk]))
     return HttpResponseRedirect(notebook_lab_url(job))

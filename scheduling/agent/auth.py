@@ -14,11 +14,11 @@ from django.conf import settings
 from django.http import HttpRequest
 from django.utils import timezone
 
+from scheduling.agent.tokens import ENROLMENT_PREFIX, NODE_PREFIX
 from scheduling.models import EnrolmentToken, Node
 from tenants.models import hash_token
 
-NODE_PREFIX = "ynd_"
-ENROLMENT_PREFIX = "yen_"
+__all__ = ["ENROLMENT_PREFIX", "NODE_PREFIX", "agent_credential", "bearer", "enrolment_lookup"]
 
 
 def bearer(request: HttpRequest) -> str | None:

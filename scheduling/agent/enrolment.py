@@ -14,7 +14,6 @@ the admin's "approve" action or ``manage.py nodes resume NAME``).
 
 from __future__ import annotations
 
-import secrets
 from datetime import datetime, timedelta
 from typing import cast
 
@@ -26,7 +25,7 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from scheduling.agent import services
-from scheduling.agent.auth import ENROLMENT_PREFIX
+from scheduling.agent.tokens import new_enrolment_token
 from scheduling.models import EnrolmentToken, Node
 from tenants.models import hash_token
 from tenants.services import audit
@@ -78,7 +77,7 @@ def enrolment_token_create(
     """A new enrolment token and its raw value (shown once; only its hash is kept)."""
     if max_uses < 1:
         raise ValueError("an enrolment token registers at least one node")
-    raw = ENROLMENT_PREFIX + secrets.token_urlsafe(30)
+    raw = new_enrolment_token()
     now = timezone.now()
     token = EnrolmentToken.objects.create(
         name=name[:100],

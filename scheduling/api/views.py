@@ -321,7 +321,7 @@ class NeverRunnable(exceptions.APIException):
 def _never_runnable(exc: ValidationError) -> NeverRunnable | None:
     """The ValidationError as a NeverRunnable when all it says is that the job can never run, else None.
 
-    job_submit and _validate_spec say so with messages that start with NEVER_RUNS (scheduling/services.py):
+    job_submit and _validate_spec say so with messages that start with NEVER_RUNS (scheduling/services/submit.py):
     a non-field one from the admission check, or one on gpu_type; a typed exception from the service would
     be cleaner, and this keeps the two in step meanwhile.
     """

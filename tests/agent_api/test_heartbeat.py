@@ -274,7 +274,7 @@ def test_a_report_without_a_start_time_does_not_start_a_task(agent: AgentClient,
 
 
 def test_the_compiled_live_task_query_gives_what_the_orm_gives(gang: Gang, nodes: list[Node]) -> None:
-    from scheduling.agent.services import _LIVE_TASKS, live_tasks_queryset
+    from scheduling.agent.services.heartbeat import _LIVE_TASKS, live_tasks_queryset
 
     tasks = [gang([(nodes[0], [i])], env={"A": str(i)}, command=f"run {i}")[0] for i in range(3)]
     Task.objects.filter(pk=tasks[1].pk).update(state=TaskState.RUNNING, checkpoint_at=timezone.now(), notebook_url="u")

@@ -5,7 +5,6 @@ up, a user for each role, and a cluster of 2 spines, 4 leaves, 32 × 8 H100 and 
 from __future__ import annotations
 
 import json
-import secrets
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 from django.utils import timezone
 
+from scheduling.agent.tokens import new_enrolment_token, new_node_token
 from scheduling.management.commands.demo_history import seed_history
 from scheduling.models import EnrolmentToken, Gpu, Leaf, Node, NodeState, Spine
 from tenants.models import OrgUnit, Role, UnitKind, hash_token
@@ -190,7 +190,7 @@ class Command(BaseCommand):
         """Fresh node tokens for every simulated node, plus an enrolment token, for `make run`."""
         tokens: dict[str, Any] = {"nodes": {}}
         for node in Node.objects.filter(simulated=True).select_related("leaf__spine"):
-            raw = "ynd_" + secrets.token_urlsafe(30)
+            raw = new_node_token()
             Node.objects.filter(pk=node.pk).update(token_hash=hash_token(raw))
             tokens["nodes"][node.name] = {
                 "token": raw,
@@ -199,7 +199,7 @@ class Command(BaseCommand):
                 "gpu_type": node.gpu_type,
                 "gpus": node.gpus.count(),
             }
-        raw_enrol = "yen_" + secrets.token_urlsafe(30)
+        raw_enrol = new_enrolment_token()
         # It expires as a real one does (enrolment_token_create's 24 h), and a re-seed (every `make run`)
         # revokes the ones the earlier runs wrote, rather than leave them live for ever.
         now = timezone.now()

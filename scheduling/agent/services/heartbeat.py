@@ -1,332 +1,41 @@
-"""Writes on behalf of node agents: registration, heartbeats (liveness, telemetry, task facts),
-task status and logs, drain. Keyword-only and atomic, as every service.
-
-Job and task state changes are not made here: status reports go through the scheduling services
-(task_mark_running, task_mark_exited) so that the rules for settling a gang live in one place.
-"""
+"""A node's heartbeat: liveness first, then its state (DOWN, draining, disk), task starts and facts,
+telemetry windows and XIDs, and the `desired` list it gets back."""
 
 from __future__ import annotations
 
-import secrets
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.db.models import Case, F, Q, QuerySet, Value, When
+from django.db.models import Case, F, QuerySet, Value, When
 from django.db.models.functions import Coalesce, Greatest
 from django.db.models.query import get_related_populators  # type: ignore[attr-defined]
 from django.utils import timezone
 
 from scheduling import services as scheduling_services
+from scheduling.agent.services.reports import (
+    SKEW_CORRECTED_S,
+    GpuWindowReport,
+    Heartbeat,
+    HeartbeatResult,
+    TaskReport,
+    epoch,
+)  # fmt: skip
 from scheduling.models import (
     Allocation,
-    EnrolmentToken,
     Gpu,
     GpuWindow,
     Job,
-    Leaf,
     Node,
     NodeState,
-    Spine,
     Task,
-    TaskLogChunk,
     XidEvent,
 )
 from scheduling.states import TASK_LIVE_STATES, TaskState
-from tenants.models import hash_token
 from tenants.services import audit
-
-# --------------------------------------------------------------------------- inputs
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    index: int
-    uuid: str
-    name: str
-    gpu_type: str
-    memory_mb: int
-    nvlink_domain: str
-    pcie_switch: str
-    numa_node: int | None
-    # A MIG instance (its gpu_type is then "<parent type>.<profile>"); both empty for a whole GPU.
-    mig_profile: str = ""
-    parent_uuid: str = ""
-
-    @property
-    def parent_type(self) -> str:
-        """The physical GPU's type: "H100" for an H100 and for each of its MIG instances."""
-        return self.gpu_type.removesuffix(f".{self.mig_profile}") if self.mig_profile else self.gpu_type
-
-
-@dataclass(frozen=True)
-class Registration:
-    name: str
-    address: str
-    leaf: str
-    spine: str
-    simulated: bool
-    agent_version: str
-    gpus: Sequence[GpuInfo]
-    # 0: unknown (an agent older than these fields); the scheduler then does not limit by it.
-    cpus: int = 0
-    memory_mb: int = 0
-    fabric_domain: str = ""  # the multi-node NVLink domain it is in; "": none
-
-
-@dataclass(frozen=True)
-class GpuSample:
-    index: int
-    utilization_pct: float | None = None
-    memory_used_mb: float | None = None
-    temperature_c: float | None = None
-    power_w: float | None = None
-    xid_errors: Sequence[int] = ()
-
-
-@dataclass(frozen=True)
-class NotebookReport:
-    url: str | None = None
-    kernel_busy: bool | None = None
-    last_activity: float | None = None
-
-
-@dataclass(frozen=True)
-class GpuWindowReport:
-    """One GPU's minute, folded by the agent: what GpuWindow stores, sent once the minute is over."""
-
-    index: int
-    start: float
-    samples: int
-    utilization_sum: float
-    utilization_max: float
-    memory_used_max_mb: float = 0.0
-
-
-@dataclass(frozen=True)
-class TaskReport:
-    task_id: int
-    attempt: int
-    state: str  # "running", "stopping" or "exited": the agent's local view
-    checkpoint_time: float | None = None
-    notebook: NotebookReport | None = None
-    pid: int | None = None
-    started_at: float | None = None
-    # Real use as the agent measured it; None: not measured this time (the stored value stays).
-    cpu_used: float | None = None
-    memory_used_mb: float | None = None
-    memory_peak_mb: float | None = None
-
-    @property
-    def key(self) -> tuple[int, int]:
-        return (self.task_id, self.attempt)
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    gpus: Sequence[GpuSample] = ()
-    tasks: Sequence[TaskReport] = ()
-    draining_reason: str | None = None
-    windows: Sequence[GpuWindowReport] = ()
-    disk_problem: str | None = None  # the node's disk is (nearly) full: it takes no new work meanwhile
-    clock_skew_s: float | None = None  # the agent's clock minus the portal's, as measured; None: not known
-
-
-# A node's clock is corrected from this skew on (NTP keeps a healthy node within milliseconds, and
-# below a second nothing a person reads changes); the cluster page shows it from SKEW_SHOWN_S.
-SKEW_CORRECTED_S = 1.0
-SKEW_SHOWN_S = 2.0
-
-
-def clock_offset(data: dict[str, Any], *, received: float) -> float | None:
-    """The portal's clock minus the agent's: the agent's own estimate (from round trips, NTP's way), else
-    what its ``agent_time`` says against ``received`` (off by the one-way delay); None if neither is sent."""
-    if data.get("clock_offset_s") is not None:
-        return float(data["clock_offset_s"])
-    if data.get("agent_time") is not None:
-        return received - float(data["agent_time"])
-    return None
-
-
-def _shift(value: float | None, offset: float | None) -> float | None:
-    """An agent's epoch time in the portal's clock."""
-    if value is None or offset is None or abs(offset) < SKEW_CORRECTED_S:
-        return value
-    return value + offset
-
-
-def _window_shift(offset: float | None) -> float:
-    """Windows stay aligned to whole windows (the reaper and reports read them so): a whole number of them."""
-    if offset is None or abs(offset) < SKEW_CORRECTED_S:
-        return 0.0
-    size = float(cast(float, settings.YARD["TELEMETRY_WINDOW_S"]))
-    return round(offset / size) * size
-
-
-def heartbeat_from(data: dict[str, Any], *, received: float | None = None) -> Heartbeat:
-    """A Heartbeat from a body validated against protocol.HEARTBEAT, its times in the portal's clock."""
-    offset = clock_offset(data, received=timezone.now().timestamp() if received is None else received)
-    window_shift = _window_shift(offset)
-    return Heartbeat(
-        gpus=[GpuSample(**gpu) for gpu in data["gpus"]],
-        windows=[GpuWindowReport(**{**w, "start": w["start"] + window_shift}) for w in data["windows"]],
-        disk_problem=data.get("disk_problem") or None,
-        clock_skew_s=None if offset is None else -offset,
-        tasks=[
-            TaskReport(
-                task_id=t["task_id"],
-                attempt=t["attempt"],
-                state=t["state"],
-                checkpoint_time=_shift(t["checkpoint_time"], offset),
-                pid=t["pid"],
-                started_at=_shift(t["started_at"], offset),
-                cpu_used=t["cpu_used"],
-                memory_used_mb=t["memory_used_mb"],
-                memory_peak_mb=t["memory_peak_mb"],
-                notebook=NotebookReport(
-                    url=t["notebook"]["url"],
-                    kernel_busy=t["notebook"]["kernel_busy"],
-                    last_activity=_shift(t["notebook"]["last_activity"], offset),
-                )
-                if t["notebook"]
-                else None,
-            )
-            for t in data["tasks"]
-        ],
-        draining_reason=data["draining_reason"] or None,
-    )
-
-
-@dataclass(frozen=True)
-class StatusReport:
-    attempt: int
-    state: str  # "running" | "exited"
-    pid: int | None = None
-    exit_code: int | None = None
-    signal: int | None = None
-    stopped_by: str | None = None
-    started_at: float | None = None
-    ended_at: float | None = None
-    notebook_url: str | None = None
-    stop_cause: str | None = None  # why the agent stopped it on its own account (docs/agent-api.md)
-    checkpoint_time: float | None = None  # the newest checkpoint, read after the workload exited
-
-
-def status_from(data: dict[str, Any]) -> StatusReport:
-    """A StatusReport from a body validated against protocol.STATUS, its times in the portal's clock
-    (shifted by the offset the agent measured, if it sends one)."""
-    fields = {k: v for k, v in data.items() if k != "clock_offset_s"}
-    offset = data.get("clock_offset_s")
-    for name in ("started_at", "ended_at", "checkpoint_time"):
-        fields[name] = _shift(fields.get(name), offset)
-    return StatusReport(**fields)
-
-
-# An agent that stops work on its own account says why; the job then ends as if the portal had
-# ordered it: past its time limit it fails with TIME_LIMIT, and work stopped because the agent lost
-# the portal is requeued (the node's fault, not the job's) instead of failing on exit status 143.
-# "agent_lost": the node's watchdog stopped it because its agent was gone (killed or hung) too long.
-# "node_fault": the node could not start it (its disk is full): the job is requeued, elsewhere.
-_AGENT_STOP_REASONS = {
-    "time_limit": "TIME_LIMIT",
-    "portal_unreachable": "PREEMPTED",
-    "agent_lost": "PREEMPTED",
-    "node_fault": "NODE_FAULT",
-}
-_AGENT_STOP_NOTES = {
-    "TIME_LIMIT": "the agent stopped it past its time limit",
-    "PREEMPTED": "its agent lost the portal",
-    "NODE_FAULT": "its node could not start it",
-}
-
-
-@dataclass
-class HeartbeatResult:
-    node_state: str
-    live_tasks: list[Task] = field(default_factory=list)
-    desired: list[dict[str, Any]] = field(default_factory=list)
-
-
-class NodeExists(Exception):
-    """A node of that name is registered already."""
-
-
-class TaskNotFound(Exception):
-    """No such task on this node (another node's task is reported the same as a missing one)."""
-
-
-class StaleAttempt(Exception):
-    """The report is about an attempt that is not live on this node any more."""
-
-
-def epoch(value: float | None) -> datetime | None:
-    return None if value is None else datetime.fromtimestamp(value, tz=UTC)
-
-
-# --------------------------------------------------------------------------- registration
-
-
-def _qualified(node: str, label: str) -> str:
-    # NVLink / PCIe / NUMA labels are local to a node ("nvl0"); the scheduler compares them
-    # cluster-wide, so they must not collide between nodes.
-    return f"{node}/{label}"
-
-
-@transaction.atomic
-def node_register(*, enrolment: EnrolmentToken, registration: Registration, now: datetime | None = None) -> tuple[Node, str]:
-    """Create the node (and its spine and leaf if new) with its GPUs; return it with its new token.
-
-    Raises NodeExists for a name already registered: a node token is issued once, and handing a
-    second one to whoever holds an enrolment token would let them impersonate a live node.
-    """
-    now = now or timezone.now()
-    reg = registration
-    if Node.objects.filter(name=reg.name).exists():
-        raise NodeExists(reg.name)
-    spine, _ = Spine.objects.get_or_create(name=reg.spine)
-    leaf, _ = Leaf.objects.get_or_create(name=reg.leaf, defaults={"spine": spine})
-    raw = "ynd_" + secrets.token_urlsafe(30)
-    node = Node.objects.create(
-        name=reg.name,
-        leaf=leaf,
-        address=reg.address,
-        # The node's whole-GPU type, even when every GPU is split into MIG instances (each Gpu row has its own).
-        gpu_type=reg.gpus[0].parent_type if reg.gpus else "",
-        # NOT_READY until its first heartbeat: registering says the agent exists, not that it runs.
-        state=NodeState.NOT_READY,
-        state_reason=f"registered with enrolment token {enrolment.name!r}; waiting for the first heartbeat",
-        state_changed_at=now,
-        last_heartbeat=now,
-        simulated=reg.simulated,
-        token_hash=hash_token(raw),
-        agent_version=reg.agent_version,
-        cpus=reg.cpus,
-        memory_mb=reg.memory_mb,
-        fabric_domain=reg.fabric_domain,
-        registered_at=now,
-    )
-    Gpu.objects.bulk_create(
-        Gpu(
-            node=node,
-            index=gpu.index,
-            uuid=gpu.uuid,
-            gpu_type=gpu.gpu_type,
-            model_name=gpu.name,
-            memory_mb=gpu.memory_mb,
-            nvlink_domain=_qualified(reg.name, gpu.nvlink_domain),
-            pcie_switch=_qualified(reg.name, gpu.pcie_switch),
-            numa_node=_qualified(reg.name, "numa?" if gpu.numa_node is None else f"numa{gpu.numa_node}"),
-            mig_profile=gpu.mig_profile,
-            parent_uuid=gpu.parent_uuid,
-        )
-        for gpu in reg.gpus
-    )
-    return node, raw
-
 
 # --------------------------------------------------------------------------- heartbeat
 
@@ -795,107 +504,3 @@ def task_spec(task: Task, nodes: Sequence[tuple[str, str]] | None = None) -> dic
         # The portal has recorded the task as started: the agent need not report its start again.
         "started": task.state != TaskState.ASSIGNED,
     }
-
-
-# --------------------------------------------------------------------------- task status, logs, drain
-
-
-def _task_of(*, node: Node, task_id: int, lock: bool) -> Task:
-    qs = Task.objects.select_related("job").filter(pk=task_id, node=node)
-    if lock:
-        qs = qs.select_for_update(of=("self",))
-    task = qs.first()
-    if task is None:
-        raise TaskNotFound(task_id)
-    return task
-
-
-@transaction.atomic
-def task_report_status(*, node: Node, task_id: int, report: StatusReport) -> Task:
-    """Apply a `running` or `exited` report through the scheduling services.
-
-    At-least-once: a repeated report of what the portal already knows is accepted and changes
-    nothing. A report about another attempt, or about a task no longer live here (lost with its
-    node, or ended), raises StaleAttempt so the agent kills and forgets the process.
-    """
-    task = _task_of(node=node, task_id=task_id, lock=True)
-    if report.attempt != task.attempt:
-        raise StaleAttempt(task_id)
-    if report.state == "running":
-        if task.state == TaskState.ASSIGNED:
-            return scheduling_services.task_mark_running(
-                task=task,
-                pid=report.pid,
-                started_at=epoch(report.started_at) or timezone.now(),
-                notebook_url=report.notebook_url or "",
-            )
-        if task.state in (TaskState.RUNNING, TaskState.STOPPING):
-            return task  # a repeat, or the start report of a task already told to stop
-        raise StaleAttempt(task_id)
-    if task.state == TaskState.EXITED:
-        return task  # a repeated exit report
-    if task.state not in TASK_LIVE_STATES:
-        raise StaleAttempt(task_id)
-    checkpoint = epoch(report.checkpoint_time)
-    if checkpoint is not None:
-        # Read by the agent after the process exited: a checkpoint written in the grace period counts,
-        # and work lost to a preemption is only what came after it (scheduling/governance/accounting.py).
-        Task.objects.filter(pk=task.pk).update(checkpoint_at=checkpoint)
-        Job.objects.filter(pk=task.job_id).filter(
-            Q(last_checkpoint_at__isnull=True) | Q(last_checkpoint_at__lt=checkpoint)
-        ).update(last_checkpoint_at=checkpoint)
-        task.job.refresh_from_db(fields=["last_checkpoint_at"])
-    stop_reason = _AGENT_STOP_REASONS.get(report.stop_cause or "")
-    if stop_reason is not None and task.job.stop_requested_at is None:
-        note = _AGENT_STOP_NOTES[stop_reason]
-        if stop_reason == "NODE_FAULT" and node.disk_problem:
-            note = f"{note}: {node.disk_problem}"
-        scheduling_services.job_request_stop(job=task.job, reason=stop_reason, actor_label=f"agent {node.name}", note=note)
-        task.refresh_from_db()
-    return scheduling_services.task_mark_exited(
-        task=task,
-        exit_code=report.exit_code,
-        signal=report.signal,
-        stopped_by=report.stopped_by or "",
-        ended_at=epoch(report.ended_at) or timezone.now(),
-    )
-
-
-@transaction.atomic
-def task_log_append(*, node: Node, task_id: int, attempt: int, offset: int, data: str) -> int:
-    """Store the part of a log chunk beyond what is stored already; return the stored length.
-
-    Offsets count UTF-8 bytes of the agent's stream. The task row is locked so two deliveries of
-    the same chunk cannot both append. A chunk past the stored end (one was lost) is stored where
-    it belongs: a hole in a log is better than refusing the rest of it.
-    """
-    task = _task_of(node=node, task_id=task_id, lock=True)
-    if attempt != task.attempt or task.state == TaskState.LOST:
-        raise StaleAttempt(task_id)
-    raw = data.encode("utf-8")
-    stored = task.log_size
-    skip = max(0, stored - offset)
-    if skip >= len(raw):
-        return stored
-    tail = raw[skip:]
-    start = offset + skip
-    # PostgreSQL text cannot hold NUL; the byte count stays the agent's so offsets keep lining up.
-    text = tail.decode("utf-8", errors="replace").replace("\x00", "\ufffd")
-    TaskLogChunk.objects.create(task=task, offset=start, data=text)
-    new_size = start + len(tail)
-    Task.objects.filter(pk=task.pk).update(log_size=new_size)
-    return new_size
-
-
-@transaction.atomic
-def node_drain(*, node: Node, reason: str, now: datetime | None = None) -> str:
-    """Take the node out of placement until an admin resumes it (scheduling.services.node_resume).
-
-    A DOWN node stays DOWN until it is back, and then comes back DRAINING."""
-    now = now or timezone.now()
-    Node.objects.filter(pk=node.pk).exclude(state__in=(NodeState.DRAINING, NodeState.DOWN)).update(
-        state=NodeState.DRAINING, state_reason=reason[:255], state_changed_at=now
-    )
-    Node.objects.filter(pk=node.pk, hold_reason="").update(hold_reason=reason[:255])
-    node.refresh_from_db(fields=["state", "state_reason", "hold_reason"])
-    return node.state
