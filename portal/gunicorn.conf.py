@@ -26,6 +26,9 @@ bind = [os.environ.get("YARD_BIND", "127.0.0.1:8000")]
 worker_class = "gthread"
 workers = _int("YARD_WEB_WORKERS", 2)
 threads = _int("YARD_WEB_THREADS", 4)
+# Each worker works on at most threads - 1 requests at once besides heartbeats and /healthz, and sheds
+# the rest with a fast 503 (portal/middleware.py AdmissionMiddleware): a heartbeat always finds a thread.
+os.environ.setdefault("YARD_WEB_INFLIGHT", str(max(threads - 1, 1)))
 # A request that still runs after this is a hung worker: gunicorn replaces the process.
 timeout = _int("YARD_WEB_TIMEOUT_S", 60)
 # On SIGTERM, requests in flight get this long to finish: short enough for `make run`'s stop to

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import cast
@@ -107,13 +109,19 @@ def overloaded(request: HttpRequest, *, retry_after_s: float, status: int = 503)
     Retry-After jittered from `retry_after_s`. To an agent, ``"code": "overloaded"`` is the promise that
     the portal counts this time as blind, not as the node's silence (docs/agent-api.md): the agent takes
     it as an answer and does not fence, so the time is recorded first, as for a database outage."""
-    import random
-
     agent = request.path.startswith("/api/agent/")
     since = _record_blind() if agent else None
     message = "The portal is overloaded and did not take this request; nothing was changed. Retry after Retry-After."
     code = "overloaded" if since is not None or not agent else "overloaded_unrecorded"
-    response = _json(status, _blind_body(code, message, since))
+    if _is_api(request):
+        response = _json(status, _blind_body(code, message, since))
+    else:
+        response = HttpResponse(
+            "<!doctype html><title>Yardmaster: busy</title><h1>Busy for a moment</h1>"
+            "<p>The portal is overloaded and did not take this request; nothing was changed. Reload in a few seconds.</p>",
+            status=status,
+            content_type="text/html",
+        )
     response["Retry-After"] = str(max(1, round(retry_after_s * random.uniform(1.0, 1.5))))
     return response
 
@@ -131,6 +139,7 @@ def too_large(request: HttpRequest) -> HttpResponse:
 
 
 AGENT_PATH = "/api/agent/v1/"
+HEARTBEAT_PATH = AGENT_PATH + "heartbeat"
 
 
 def agent_budget_s() -> float:
@@ -144,6 +153,53 @@ def agent_budget_s() -> float:
         return float(configured)
     room = float(yard["AGENT_FENCE_AFTER_S"]) - float(yard["HEARTBEAT_INTERVAL_S"])
     return max(min(4.0, 0.3 * room), 0.2)
+
+
+def web_inflight_limit() -> int:
+    """How many requests one web worker process works on at once, heartbeats aside (0: no bound).
+    portal/gunicorn.conf.py sets YARD_WEB_INFLIGHT to its threads less one: one thread is always left
+    for the agents' heartbeats. Django's own servers (tests, `manage.py runserver`) leave it unset."""
+    raw = os.environ.get("YARD_WEB_INFLIGHT", "")
+    return int(raw) if raw.isdigit() else 0
+
+
+class AdmissionMiddleware:
+    """Sheds what a web worker cannot start at once, so nothing queues into its client's timeout.
+
+    Each gunicorn worker has a fixed pool of threads; a request that finds them all busy waits in the
+    worker's queue, and under load (a thundering herd, a burst of CI submissions, a slow database)
+    heartbeats waited there behind submissions until the agents' HTTP timeout, which agents count as
+    silence. Here a worker works on at most ``web_inflight_limit()`` requests at once besides
+    heartbeats and /healthz, which are always taken: the rest get a fast 503 ``overloaded`` with a
+    jittered Retry-After (an agent's is recorded blind first, as docs/agent-api.md promises), and the
+    thread is free again in a millisecond, so a heartbeat always finds one. Counted per process.
+    """
+
+    ALWAYS = frozenset({HEARTBEAT_PATH, "/healthz"})
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+        self.limit = web_inflight_limit()
+        self.lock = threading.Lock()
+        self.busy = 0
+        self.shed = 0  # since the process started (the bench reads the access log's 503s)
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if not self.limit or request.path in self.ALWAYS:
+            return self.get_response(request)
+        with self.lock:
+            admitted = self.busy < self.limit
+            if admitted:
+                self.busy += 1
+            else:
+                self.shed += 1
+        if not admitted:
+            return overloaded(request, retry_after_s=1.0)
+        try:
+            return self.get_response(request)
+        finally:
+            with self.lock:
+                self.busy -= 1
 
 
 class FaultAnswersMiddleware:

@@ -71,6 +71,8 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # Outermost of ours: a database outage anywhere below answers 503 (JSON on the APIs), never a 500.
     "portal.middleware.FaultAnswersMiddleware",
+    # Under gunicorn: a worker sheds what it cannot start at once, heartbeats aside (fast 503 + Retry-After).
+    "portal.middleware.AdmissionMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

@@ -108,6 +108,21 @@ def call(method: str, url: str, *, token: str | None = None, body: Any = None, t
         return status, raw.decode(errors="replace")
 
 
+SHED: list[str] = []  # the URLs answered 503 "overloaded" and retried by call_politely, for the tests to report
+
+
+def call_politely(method: str, url: str, **kwargs: Any) -> tuple[int, Any]:
+    """As the CLI calls: a request the web tier shed (503 "overloaded", portal/middleware.py
+    AdmissionMiddleware) is retried after a second, as its Retry-After asks; any other answer is final."""
+    for _ in range(30):
+        status, body = call(method, url, **kwargs)
+        if not (status == 503 and isinstance(body, dict) and body.get("code") == "overloaded"):
+            return status, body
+        SHED.append(url)
+        time.sleep(1.0)
+    return status, body
+
+
 def service_token(env: dict[str, str], team: str = "pretraining") -> str:
     out = manage(env, "create_token", "--team", team, "--name", f"tests-{os.getpid()}-{time.monotonic_ns()}")
     return out.strip().splitlines()[-1].strip()  # the command prints the raw token alone on its last line
