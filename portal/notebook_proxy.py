@@ -57,6 +57,11 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 PATH = re.compile(r"^/notebooks/(?P<pk>[0-9]{1,18})/lab(?P<rest>/.*)?$")
 AUTH_CACHE_S = 3.0
+# Jupyter answers a kernel's websocket handshake only once the kernel is up and has answered
+# kernel_info (it waits up to its kernel_info_timeout, 60 s by default), so the handshake lasts as
+# long as the kernel's start: 2-3 s on a 2-core machine at load 29, longer beside a browser. At 10 s
+# the proxy could give up before Jupyter did, and the browser saw a websocket error; it waits as long.
+WS_OPEN_TIMEOUT_S = 65.0
 _AUTH_CACHE_MAX = 10_000
 HOP_BY_HOP = frozenset(
     {
@@ -264,7 +269,7 @@ class NotebookProxy:
                 additional_headers={"Authorization": f"token {target.token}", "Origin": f"{upstream.scheme}://{upstream.netloc}"},
                 subprotocols=[Subprotocol(p) for p in protocols] or None,
                 max_size=None,
-                open_timeout=10,
+                open_timeout=WS_OPEN_TIMEOUT_S,
                 compression=None,
                 ping_interval=None,  # the browser's side keeps it alive; Jupyter pings too
             )
