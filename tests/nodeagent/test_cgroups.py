@@ -265,10 +265,12 @@ def test_heartbeats_report_each_running_tasks_real_use(portal: FakePortal, start
     busy = f"{sys.executable} -c 'import time\nt = time.time()\nwhile time.time() - t < 20: pass'"
     portal.set_desired("node-t1", [task_spec(3, busy, cpus=1, memory_mb=1024)])
 
+    # Some CPU, not a share of a core: on a loaded machine the spinning task gets what it gets (that the
+    # reading is what the workload really had is test_a_busy_workload_shows_its_cores_used's).
     def busy_report() -> dict[str, object] | None:
         for beat in portal.heartbeats("node-t1"):
             for task in beat["tasks"]:
-                if task["task_id"] == 3 and (task.get("cpu_used") or 0) > 0.5:
+                if task["task_id"] == 3 and (task.get("cpu_used") or 0) > 0:
                     return task  # type: ignore[no-any-return]
         return None
 
