@@ -143,6 +143,9 @@ XDIST_GROUPS = {
     "tests/sso/": "sso",
     "tests/demo/test_devserver.py": "demo-devserver",
     "tests/demo/test_sqlite_demo.py": "demo-sqlite",
+    # Whole stacks (gunicorn, Celery, fleets) with their timings scaled down to seconds: one at a time,
+    # so two of them never fight for the same two cores (about six minutes in all, on one worker).
+    "tests/faults/": "faults",
 }
 
 

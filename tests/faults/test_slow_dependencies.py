@@ -47,7 +47,9 @@ BOUNDS = {
 # client deadline, then a new connection into connect_timeout; twice that, for a loaded 2-core machine.
 HANG_BOUND_S = 2 * (float(BOUNDS["YARD_DB_CLIENT_TIMEOUT_S"]) + float(BOUNDS["YARD_DB_CONNECT_TIMEOUT_S"]))
 CLIENT_TIMEOUT_S = 60.0  # far beyond any bound: a request that takes this long has hung
-WEB = {"YARD_WEB_WORKERS": "2", "YARD_WEB_THREADS": "4"}
+# Every thread takes a request (no admission bound, portal/middleware.py): what is measured here is
+# each request's own bound on the database, not the shedding of what finds the threads busy.
+WEB = {"YARD_WEB_WORKERS": "2", "YARD_WEB_THREADS": "4", "YARD_WEB_INFLIGHT": "4"}
 THREADS = 8  # as many concurrent requests as the web tier has threads: every pooled connection is hit
 
 
