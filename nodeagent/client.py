@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import random
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -58,24 +59,32 @@ class PortalError(Exception):
         return value if isinstance(value, str) else None
 
 
+# The answer must leave the portal this long before the agent's timeout to reach it in time.
+DEADLINE_MARGIN_S = 1.0
+
+
 class PortalClient:
     def __init__(self, base_url: str, token: str, *, timeout_s: float) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.timeout_s = timeout_s
+        # The portal's clock minus this node's (nodeagent/health.py), once measured: each call then
+        # names, in the portal's clock, the moment past which its answer no longer reaches this agent
+        # (X-Yard-Deadline), and a portal that only gets to it later sheds it unread, as "overloaded".
+        self.offset_s: float | None = None
 
     def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST JSON to `API_PREFIX + path`; return the decoded JSON object of a 2xx answer."""
+        headers = {
+            "Authorization": f"Bearer {self.token}",
+            "Content-Type": "application/json",
+            "Accept": "application/json",
+            "User-Agent": f"yard-nodeagent/{__version__}",
+        }
+        if self.offset_s is not None:
+            headers["X-Yard-Deadline"] = f"{time.time() + self.offset_s + self.timeout_s - DEADLINE_MARGIN_S:.3f}"
         request = urllib.request.Request(
-            self.base_url + API_PREFIX + path,
-            data=json.dumps(body).encode(),
-            method="POST",
-            headers={
-                "Authorization": f"Bearer {self.token}",
-                "Content-Type": "application/json",
-                "Accept": "application/json",
-                "User-Agent": f"yard-nodeagent/{__version__}",
-            },
+            self.base_url + API_PREFIX + path, data=json.dumps(body).encode(), method="POST", headers=headers
         )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:

@@ -278,6 +278,8 @@ class Heartbeats:
         if answer is None:
             return
         node.clock_offset.add(sent=sent, received=node.clock(), portal_time=answer.get("portal_time"))
+        if node.link.client is not None and (measured := node.clock_offset.estimate) is not None:
+            node.link.client.offset_s = measured[0]
         node.link.heartbeat_accepted()
         self.telemetry.acknowledged(sent_xids=sent_xids, windows=sent_windows, latest=bool(gpus))
         self.adopt_limits(answer)

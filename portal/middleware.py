@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import threading
@@ -163,6 +164,24 @@ def web_inflight_limit() -> int:
     return int(raw) if raw.isdigit() else 0
 
 
+def _until_deadline(request: HttpRequest) -> float | None:
+    """Seconds left until an agent's call's X-Yard-Deadline (the portal's clock, nodeagent/client.py),
+    past which its agent no longer waits for the answer and counts the call as silence; None: none given."""
+    raw = request.headers.get("X-Yard-Deadline")
+    if not raw or not request.path.startswith(AGENT_PATH):
+        return None
+    try:
+        deadline = float(raw)
+    except ValueError:
+        return None
+    return deadline - time.time() if math.isfinite(deadline) else None
+
+
+def past_deadline(request: HttpRequest) -> bool:
+    left = _until_deadline(request)
+    return left is not None and left <= 0
+
+
 class AdmissionMiddleware:
     """Sheds what a web worker cannot start at once, so nothing queues into its client's timeout.
 
@@ -173,6 +192,11 @@ class AdmissionMiddleware:
     heartbeats and /healthz, which are always taken: the rest get a fast 503 ``overloaded`` with a
     jittered Retry-After (an agent's is recorded blind first, as docs/agent-api.md promises), and the
     thread is free again in a millisecond, so a heartbeat always finds one. Counted per process.
+
+    Heartbeats too can outnumber what the web tier serves (a restart's herd, a starved machine): then
+    they wait in the queue, and one that is picked up past the deadline its agent named is answered
+    "overloaded" unread, before its agent's timeout, instead of being worked on for nobody (CoDel's
+    idea: drop what has queued too long). The agent then pauses its silence clock, and the queue drains.
     """
 
     ALWAYS = frozenset({HEARTBEAT_PATH, "/healthz"})
@@ -183,8 +207,15 @@ class AdmissionMiddleware:
         self.lock = threading.Lock()
         self.busy = 0
         self.shed = 0  # since the process started (the bench reads the access log's 503s)
+        self.late = 0  # agent calls that arrived past their deadline
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
+        if past_deadline(request):
+            # It waited in the queue until its agent has given up on it: the work would be wasted, and
+            # an answer now still reaches the agent (it sets the deadline before its own timeout).
+            with self.lock:
+                self.late += 1
+            return overloaded(request, retry_after_s=1.0)
         if not self.limit or request.path in self.ALWAYS:
             return self.get_response(request)
         with self.lock:
@@ -212,7 +243,10 @@ class FaultAnswersMiddleware:
         if request.path.startswith(AGENT_PATH):
             # An agent's call answers within its budget, slow database or not (portal.pg.base.budget):
             # every one of them holds a web thread the heartbeats need.
-            with budget(agent_budget_s()):
+            seconds = agent_budget_s()
+            if (left := _until_deadline(request)) is not None:
+                seconds = max(min(seconds, left), 0.2)  # and no longer than its agent still waits
+            with budget(seconds):
                 return self.get_response(request)
         return self.get_response(request)
 

@@ -64,3 +64,29 @@ def test_without_a_bound_nothing_is_shed(monkeypatch: pytest.MonkeyPatch) -> Non
     assert middleware(rf.get("/api/v1/jobs")).status_code == 200
     thread.join(5)
     assert middleware.shed == 0
+
+
+def test_an_agents_call_picked_up_past_its_deadline_is_shed_unread_and_recorded_blind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """X-Yard-Deadline: the moment (the portal's clock) past which the agent no longer waits. A heartbeat
+    that queued until then is answered "overloaded" at once, with the blind streak it belongs to, and its
+    work is not done; one still in time is served."""
+    import time
+
+    from django.core.cache import cache
+
+    from portal.middleware import BLIND_SINCE_KEY
+
+    cache.delete(BLIND_SINCE_KEY)
+    middleware, _, _ = _middleware(monkeypatch, "")
+    rf = RequestFactory()
+    late = rf.post("/api/agent/v1/heartbeat", HTTP_X_YARD_DEADLINE=f"{time.time() - 0.5:.3f}")
+    answer = middleware(late)
+    body = json.loads(answer.content)
+    assert answer.status_code == 503 and body["code"] == "overloaded" and body["blind_since"] <= time.time()
+    assert middleware.late == 1
+    in_time = rf.post("/api/agent/v1/heartbeat", HTTP_X_YARD_DEADLINE=f"{time.time() + 5:.3f}")
+    assert middleware(in_time).status_code == 200
+    for odd in ("soon", "nan", "inf"):
+        assert middleware(rf.post("/api/agent/v1/heartbeat", HTTP_X_YARD_DEADLINE=odd)).status_code == 200
+    user_call = rf.get("/api/v1/me", HTTP_X_YARD_DEADLINE=f"{time.time() - 5:.3f}")
+    assert middleware(user_call).status_code == 200  # only agents name deadlines
