@@ -144,8 +144,8 @@ HEARTBEAT_PATH = AGENT_PATH + "heartbeat"
 
 
 def agent_budget_s() -> float:
-    """How long an agent's call (a heartbeat above all) may wait on the database in all: well inside
-    the agent's HTTP timeout, which is at most 0.8 x (fence_after_s - heartbeat_interval_s)
+    """How long an agent's call (a heartbeat above all) may wait on the database in all: inside the
+    agent's HTTP timeout, which is at most 0.8 x (fence_after_s - heartbeat_interval_s)
     (nodeagent/config.py), so that a slow database reaches the agent as a prompt "unavailable" (counted
     blind) rather than as its own timeout (counted as silence). 4 s at the default limits;
     YARD_AGENT_DB_BUDGET_S overrides."""
@@ -153,7 +153,7 @@ def agent_budget_s() -> float:
     if configured := yard.get("AGENT_DB_BUDGET_S"):
         return float(configured)
     room = float(yard["AGENT_FENCE_AFTER_S"]) - float(yard["HEARTBEAT_INTERVAL_S"])
-    return max(min(4.0, 0.3 * room), 0.2)
+    return max(min(4.0, 0.5 * room), 0.2)
 
 
 def web_inflight_limit() -> int:
