@@ -93,9 +93,9 @@ FAULTS = {
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_database_outage_twice_the_node_down_timeout_loses_no_node_and_no_job(fault: str) -> None:
-    """Cut, slow or half-open for 45 s (2.25 x node-down and 7.5 x the agents' stop-after cut; 1.9 x and 4.5 x slow or half-open): the agents hear
-    "unavailable" in time (a heartbeat waits on the database within its budget, portal/middleware.py)
-    and keep their work."""
+    """Cut, slow or half-open for 45 s (cut: 2.25 x node-down, 7.5 x the agents' stop-after; slow or
+    half-open: 1.9 x and 4.5 x): the agents hear "unavailable" in time (a heartbeat waits on the
+    database within its budget, portal/middleware.py) and keep their work."""
     host, port = "127.0.0.1", int(PG.rsplit(":", 1)[1].split("/")[0])
     with TcpProxy(target=(host, port)) as proxy:
         portal_pg = f"postgres://postgres@127.0.0.1:{proxy.port}"
