@@ -118,17 +118,21 @@ def _fast_password_hashing() -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def _fresh_rate_counters() -> Iterator[None]:
     """Each test starts with no sign-in or token counts (tenants/counters.py keeps them in Redis, which a
-    test's rollback does not undo; the database's own counters roll back with the test)."""
+    test's rollback does not undo; the database's own counters roll back with the test), and with no
+    blind streak of the web tier (portal/middleware.py): one that an earlier test's shed or
+    "unavailable" agent call left in this worker's cache would make a liveness check forgive silence."""
     from django.core.cache import caches
     from django.core.cache.backends.redis import RedisCache
+
+    from portal.middleware import BLIND_LATEST_KEY, BLIND_SINCE_KEY
 
     cache = caches["default"]
     if isinstance(cache, RedisCache):
         try:
             client = cache._cache.get_client(None, write=True)
             keys = list(client.scan_iter(match=cache.make_key("yard:rate:*"), count=500))
-            if keys:
-                client.delete(*keys)
+            keys += [cache.make_key(BLIND_SINCE_KEY), cache.make_key(BLIND_LATEST_KEY)]
+            client.delete(*keys)
         except Exception:  # Redis away: the fault tests that stop it count nothing here
             pass
     yield
