@@ -37,7 +37,7 @@ lint: venv
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	SECRET_KEY=lint $(PY) -m mypy portal tenants scheduling nodeagent sso notifications cli/yardcli
-	$(VENV)/bin/lint-imports
+	$(VENV)/bin/lint-imports --no-cache
 	SECRET_KEY=lint $(PY) manage.py makemigrations --check --dry-run
 
 ## Benchmarks: they print their figures; nothing here asserts a time.
