@@ -62,6 +62,14 @@ def is_watchdog(pid: int) -> bool:
         return False
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie or a dead one does not), read from /proc."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def wait_for(what: str, condition: Callable[[], Any], *, timeout: float = 20.0, interval: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout
     while True:

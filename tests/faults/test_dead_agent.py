@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ from scheduling.agent.tasks import check_nodes
 from scheduling.cycle import run_cycle_once
 from scheduling.models import Job, Task
 from scheduling.states import JobState
-from tests.e2e.conftest import Harness, script, wait_for
+from tests.e2e.conftest import Harness, alive, script, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -42,13 +41,6 @@ out = pathlib.Path(os.environ["OUT_DIR"])
 while True:
     time.sleep(0.05)
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 def test_a_killed_agents_workload_is_gone_before_the_next_attempt_starts(harness: Harness, settings: Any) -> None:
@@ -75,7 +67,7 @@ def test_a_killed_agents_workload_is_gone_before_the_next_attempt_starts(harness
     started2: float | None = None
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and started2 is None:
-        if gone_at is None and not _alive(pid1):
+        if gone_at is None and not alive(pid1):
             gone_at = time.time()
         check_nodes()  # the test plays beat: liveness and cycles
         run_cycle_once()
@@ -84,7 +76,7 @@ def test_a_killed_agents_workload_is_gone_before_the_next_attempt_starts(harness
             started2 = float(marker.read_text().split()[1])
         time.sleep(0.05)
     assert started2 is not None, Job.objects.get(pk=job.pk).pending_reason
-    if gone_at is None and not _alive(pid1):
+    if gone_at is None and not alive(pid1):
         gone_at = time.time()
     assert gone_at is not None, "attempt 1 still runs while attempt 2 started"
     overlap = max(0.0, gone_at - started2)

@@ -26,7 +26,7 @@ from scheduling.cycle import run_cycle_once
 from scheduling.models import Job, JobEvent, Node, NodeState, Task
 from scheduling.services import job_cancel
 from scheduling.states import JobState
-from tests.e2e.conftest import Harness, script, wait_for
+from tests.e2e.conftest import Harness, alive, script, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -37,13 +37,6 @@ out = pathlib.Path(os.environ["OUT_DIR"])
 while True:
     time.sleep(0.05)
 """
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
 
 
 @pytest.fixture
@@ -126,7 +119,7 @@ def test_a_full_disk_takes_the_node_out_requeues_what_it_could_not_start_and_kil
     client.force_login(harness.user)
     page = client.get("/cluster/").content.decode()
     assert "disk full: " in page
-    assert _alive(kept_pid) and Job.objects.get(pk=kept.pk).state == JobState.RUNNING
+    assert alive(kept_pid) and Job.objects.get(pk=kept.pk).state == JobState.RUNNING
 
     # Room again: the node takes work by itself, no admin needed.
     freed_at = time.monotonic()
@@ -134,7 +127,7 @@ def test_a_full_disk_takes_the_node_out_requeues_what_it_could_not_start_and_kil
     node = wait_for("the node READY again", lambda: Node.objects.filter(name="disk-a", state=NodeState.READY).first())
     back_s = time.monotonic() - freed_at
     assert node.disk_problem == "" and node.state_reason == "its disk has room again"
-    assert _alive(kept_pid) and Job.objects.get(pk=kept.pk).state == JobState.RUNNING
+    assert alive(kept_pid) and Job.objects.get(pk=kept.pk).state == JobState.RUNNING
     log = harness.agent_log("disk-a")
     assert "Traceback" not in log, log[-3000:]
     journal_errors = log.count("cannot write the journal")
