@@ -4,6 +4,8 @@ missing, and the portal's OIDC settings pointed at it."""
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -41,11 +43,36 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _installed(marker: Path, want: str) -> bool:
+    """Whether node_modules is a whole install of the committed lock file: its marker names the lock's
+    hash (written only after `npm ci` finished) and Node can load the provider and its dependencies. A
+    copy cut short (an interrupted install, a truncated file in a copied tree) fails the second check."""
+    if not marker.exists() or marker.read_text().strip() != want:
+        return False
+    check = subprocess.run(
+        ["node", "--input-type=module", "-e", "await import('oidc-provider')"],
+        cwd=IDP_DIR,
+        capture_output=True,
+        timeout=60,
+    )
+    return check.returncode == 0
+
+
 def _node_modules() -> None:
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.skip("Node.js is not installed (apt-get install nodejs npm): the SSO tests run a real OIDC provider on it")
-    if not (IDP_DIR / "node_modules" / "oidc-provider").exists():
+    modules = IDP_DIR / "node_modules"
+    marker = modules / ".yard-installed"
+    want = hashlib.sha256((IDP_DIR / "package-lock.json").read_bytes()).hexdigest()
+    with (IDP_DIR / ".install.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two pytest processes never install over each other
+        if _installed(marker, want):
+            return
+        shutil.rmtree(modules, ignore_errors=True)
         subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=IDP_DIR, check=True, timeout=600, capture_output=True)
+        marker.write_text(want)
+        if not _installed(marker, want):
+            raise RuntimeError(f"`npm ci` in {IDP_DIR} finished but Node cannot load oidc-provider from it")
 
 
 @dataclass
