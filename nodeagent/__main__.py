@@ -86,6 +86,26 @@ def _parser() -> argparse.ArgumentParser:
         dest="run_as_owner",
         help="run each task as the local account of its owner's portal username (needs root)",
     )
+    parser.add_argument(
+        "--container-runtime",
+        dest="container_runtime",
+        choices=("auto", "runc", "none"),
+        help="runs jobs that name an image (default auto: runc when installed and the agent is root)",
+    )
+    parser.add_argument("--image-cache", type=Path, dest="image_cache", help="image cache folder (default <state-dir>/images)")
+    parser.add_argument(
+        "--image-cache-gb", type=float, dest="image_cache_gb", help="image cache size; least recently used images go (default 50)"
+    )
+    parser.add_argument(
+        "--registry-allow",
+        dest="registry_allow",
+        help="registries images may come from, e.g. nvcr.io,127.0.0.1:5000 (default any)",
+    )
+    parser.add_argument(
+        "--registry-insecure",
+        dest="registry_insecure",
+        help="registries reached over plain HTTP besides loopback (comma-separated)",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
     parser.add_argument("--version", action="version", version=__version__)
     return parser
@@ -144,6 +164,11 @@ def run(args: argparse.Namespace, file_values: dict[str, Any]) -> int:
             "sim_memory_mb",
             "sim_mig",
             "run_as_owner",
+            "container_runtime",
+            "image_cache",
+            "image_cache_gb",
+            "registry_allow",
+            "registry_insecure",
         )
     }
     config: AgentConfig = build_config(file_values=file_values, cli_values=cli_values)

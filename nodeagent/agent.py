@@ -35,6 +35,7 @@ from nodeagent import __version__, launcher, watchdog
 from nodeagent import journal as journal_mod
 from nodeagent.client import PortalClient
 from nodeagent.config import AgentConfig, check_timeouts, with_portal_limits
+from nodeagent.containers.runtime import signal_task
 from nodeagent.context import AgentFatal, Node, TaskKey
 from nodeagent.health import ClockOffset, DiskCheck
 from nodeagent.heartbeat import Heartbeats, newest_mtime
@@ -255,6 +256,10 @@ class Agent:
             self.records[record.key] = record
             if not record.live:
                 continue
+            if record.pid is None and record.container and not record.container.get("id"):
+                # It was waiting for its image when the agent stopped: the node's fault, the job is requeued.
+                self.workloads.launch_failed(record, "the agent restarted while the task's image was pulled", cause="node_fault")
+                continue
             if record.pid is None:
                 record.pid = launcher.find_by_launch_id(record.launch_id)
                 record.start_ticks = launcher.start_ticks(record.pid) if record.pid else None
@@ -279,13 +284,14 @@ class Agent:
         )
         for record in live:
             assert record.pid is not None
-            launcher.signal_group(record.pid, signal.SIGTERM)
+            signal_task(record.container, record.pid, signal.SIGTERM)
         deadline = time.monotonic() + self.config.fence_grace_s
         while any(launcher.group_alive(r.pid) for r in live if r.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         for record in live:
             assert record.pid is not None
-            launcher.signal_group(record.pid, signal.SIGKILL)
+            signal_task(record.container, record.pid, signal.SIGKILL)
+            self.workloads.containers.cleanup(record)
 
     # -- reconciliation --------------------------------------------------------------------------------
     def reconcile(self, desired: list[dict[str, Any]]) -> None:

@@ -115,6 +115,14 @@ class AgentConfig:
     # Run each task as the local account named like its owner in the portal (as Slurm runs a job as
     # its user); needs root. Off: tasks run as the agent's user (a simulated cluster, a single user).
     run_as_owner: bool = False
+    # Containers (docs/containers.md): the runtime ("auto": runc when found and root; "runc"; "none"),
+    # the image cache (None: <state_dir>/images) and its size, the registries images may come from
+    # (comma-separated host[:port]; empty: any) and those reached over plain HTTP besides loopback.
+    container_runtime: str = "auto"
+    image_cache: Path | None = None
+    image_cache_gb: float = 50.0
+    registry_allow: str = ""
+    registry_insecure: str = ""
 
     def __post_init__(self) -> None:
         # Workloads run in their own working directories: every path the agent hands them (exit-status
@@ -136,8 +144,9 @@ _FLOAT_KEYS = {
     "unkillable_after_s",
     "http_timeout_s",
     "tick_s",
+    "image_cache_gb",
 }
-_PATH_KEYS = {"state_dir", "topology_file"}
+_PATH_KEYS = {"state_dir", "topology_file", "image_cache"}
 _BOOL_KEYS = {"run_as_owner"}
 _INT_KEYS = {"sim_cpus", "sim_memory_mb"}
 _SIM_ONLY = ("sim_cpus", "sim_memory_mb", "sim_mig")
@@ -190,6 +199,10 @@ def build_config(*, file_values: dict[str, Any], cli_values: dict[str, Any]) -> 
         value = getattr(config, key)
         if value is not None and (type(value) is not int or value <= 0):
             raise ConfigError(f"--{key.replace('_', '-')} must be a positive integer, not {value!r}")
+    if config.container_runtime not in ("auto", "runc", "none"):
+        raise ConfigError(f"--container-runtime must be auto, runc or none, not {config.container_runtime!r}")
+    if config.image_cache_gb <= 0:
+        raise ConfigError(f"--image-cache-gb must be a positive number, not {config.image_cache_gb!r}")
     if config.run_as_owner:
         if os.geteuid() != 0:
             raise ConfigError("--run-as-owner needs the agent to run as root: it switches to each task owner's account")

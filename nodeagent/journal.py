@@ -58,6 +58,10 @@ class TaskRecord:
     log_closed: bool = False
     # The local account the task runs as (--run-as-owner), or None: it runs as the agent's user.
     run_as: str | None = None
+    # A task in a container: {"image", "digest"} and its runtime's ref (containers/runtime.py from_ref).
+    container: dict[str, Any] | None = None
+    # A one-line reason the agent gives with an end it made itself (a launch that failed).
+    message: str | None = None
 
     @property
     def key(self) -> tuple[int, int]:

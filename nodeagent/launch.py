@@ -13,16 +13,22 @@ import errno
 import json
 import os
 import pwd
+import shlex
 import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from nodeagent import cgroups, hostlist, launcher, notebook
 from nodeagent.config import DEFAULT_GRACE_S, MAX_ORDERED_GRACE_S
+from nodeagent.containers.cdi import CdiError
+from nodeagent.containers.images import Image
+from nodeagent.containers.runtime import ContainerPlan, signal_task
+from nodeagent.containers.tasks import Containers, container_env
 from nodeagent.context import AgentFatal, Node, TaskKey
 from nodeagent.journal import TaskRecord
 
@@ -72,6 +78,17 @@ def grace(value: Any, *, default: float) -> float:
     return min(default if value is None else max(0.0, float(value)), MAX_ORDERED_GRACE_S)
 
 
+@dataclass
+class _Waiting:
+    """A container task waiting for its image: what its start needs once the pull is done."""
+
+    container: dict[str, Any]
+    command: str
+    env: dict[str, str]
+    account: pwd.struct_passwd | None
+    limits: cgroups.Limits
+
+
 class RequestStop(Protocol):
     """Stopper.request_stop: SIGTERM now, SIGKILL after `grace_s`."""
 
@@ -102,6 +119,9 @@ class Workloads:
         # How tasks are held to their cores and memory (cgroup v2, else CPU affinity), decided once.
         self.limiter = cgroups.Limiter.for_node(log=node.log)
         self.use = cgroups.UseMeter()
+        # Tasks in containers (nodeagent/containers/): the runtime and image cache, and the pulls under way.
+        self.containers = Containers.for_node(node)
+        self.waiting: dict[TaskKey, _Waiting] = {}
 
     def measure_use(self) -> dict[TaskKey, cgroups.TaskUse]:
         """The real CPU and memory use of each live task (cgroups.UseMeter: one pass over /proc for all of them at most)."""
@@ -165,10 +185,19 @@ class Workloads:
             os.chown(path, *ids)
             path.chmod(0o700)
 
-    def task_env(self, spec: dict[str, Any], record: TaskRecord, account: pwd.struct_passwd | None = None) -> dict[str, str]:
+    def task_env(
+        self,
+        spec: dict[str, Any],
+        record: TaskRecord,
+        account: pwd.struct_passwd | None = None,
+        *,
+        base: Mapping[str, str] = os.environ,
+    ) -> dict[str, str]:
+        """The task's variables over `base` (the agent's own for a host task; none in a container, where
+        the image's come first)."""
         config = self.node.config
         gpus = [int(i) for i in spec.get("gpus") or []]
-        env = {**os.environ, **{str(k): str(v) for k, v in (spec.get("env") or {}).items()}}
+        env = {**base, **{str(k): str(v) for k, v in (spec.get("env") or {}).items()}}
         if account is not None:
             env.update({"HOME": account.pw_dir, "USER": account.pw_name, "LOGNAME": account.pw_name})
         # The agent's variables win over the spec's: a task must not widen its own GPUs.
@@ -199,6 +228,8 @@ class Workloads:
         env.update(gang_env(spec, name=config.name, address=str(config.address)))
         if self.node.gpus.simulated:
             env["YARD_SIM_UTIL_FILE"] = str(record.util_file)
+        if spec.get("container"):
+            env = container_env(env, gpus=gpus, by_uuid=mig)
         return env
 
     def launch(self, spec: dict[str, Any]) -> None:
@@ -219,6 +250,7 @@ class Workloads:
             gpus=[int(i) for i in spec.get("gpus") or []],
         )
         command = str(spec.get("command") or "")
+        container = spec.get("container") if isinstance(spec.get("container"), dict) else None
         problem = node.disk.problem()
         if problem is not None:
             # It could not be recorded (or soon not): refused before anything starts, and requeued.
@@ -240,7 +272,10 @@ class Workloads:
             Path(record.checkpoint_dir).mkdir(parents=True, exist_ok=True)
             if account is not None:
                 self.hand_over(record, account)
-            env = self.task_env(spec, record, account)
+            env = self.task_env(spec, record, account, base={} if container else os.environ)
+            if record.kind == "notebook" and container:
+                self.launch_failed(record, "a notebook in a container image is not supported yet: start it without an image")
+                return
             if record.kind == "notebook":
                 closed = launcher.closed_to_others(Path(sys.executable)) if account is not None else None
                 if closed is not None:
@@ -268,15 +303,83 @@ class Workloads:
             self.launch_failed(record, f"node {node.config.name} cannot record the launch: {problem}", cause="node_fault")
             return
         limits = cgroups.Limits.from_spec(spec)
+        if container is not None:
+            # The pull runs off this loop (a launch runs inside the heartbeat); supervise starts the task.
+            record.container = {"image": str(container.get("image") or "")}
+            problem = self.containers.begin_pull(record, container)
+            if problem is not None:
+                self.launch_failed(record, problem, cause="image_pull")
+                return
+            self.waiting[record.key] = _Waiting(container, command, env, account, limits)
+            node.log.info("task %s attempt %s: pulling %s", task_id, attempt, record.container["image"])
+            return
+        self.start(record, command=command, env=env, account=account, limits=limits)
+
+    def start_pulled(self) -> None:
+        """Start the container tasks whose image has come (or end them with the pull's reason)."""
+        for key, waiting in list(self.waiting.items()):
+            done, image, error = self.containers.pulled(key)
+            if not done:
+                continue
+            del self.waiting[key]
+            record = self.node.records.get(key)
+            if record is None or record.state != "launching" or record.pid is not None:
+                continue  # stopped (or fenced) while it waited: it ended as one that never started
+            if image is None:
+                self.launch_failed(record, error or "image pull failed", cause="image_pull")
+                continue
+            record.container = {**(record.container or {}), "digest": image.digest}
+            how = f"pulled in {image.pulled_s:.1f} s" if image.pulled_s else "cached"
+            self.node.log.info("task %s attempt %s: image %s (%s, %s)", *key, record.container["image"], image.digest, how)
+            self.start(
+                record,
+                command=waiting.command,
+                env=waiting.env,
+                account=waiting.account,
+                limits=waiting.limits,
+                container=waiting.container,
+                image=image,
+            )
+
+    def start(
+        self,
+        record: TaskRecord,
+        *,
+        command: str,
+        env: dict[str, str],
+        account: pwd.struct_passwd | None,
+        limits: cgroups.Limits,
+        container: dict[str, Any] | None = None,
+        image: Image | None = None,
+    ) -> None:
+        """Fork the task's wrapper, hold it to its limits, and let it start the workload (on the host,
+        or its runtime running its container)."""
+        node = self.node
+        task_id, attempt = record.key
+        plan: ContainerPlan | None = None
+        owner = (account.pw_uid, account.pw_gid) if account is not None else None
+        wrapper_env = env
+        if container is not None and image is not None and self.containers.runtime is not None:
+            try:
+                plan = self.containers.plan(record, container, image, command=command, env=env, account=account)
+            except (OSError, ValueError) as exc:
+                self.launch_failed(record, f"cannot prepare the container: {exc}", cause="image_pull")
+                return
+            runtime = self.containers.runtime
+            record.container = {**(record.container or {}), **runtime.ref(plan.container_id)}
+            # The wrapper (root) runs the runtime; the container itself switches to the owner.
+            command, owner = shlex.join(runtime.run_argv(plan)), None
+            wrapper_env = {**os.environ, "YARD_LAUNCH_ID": record.launch_id}
+            node.save()
         try:
             child = launcher.spawn(
                 command=command,
-                env=env,
+                env=wrapper_env,
                 cwd=record.run_dir,
                 log_path=record.log_path,
                 exit_file=record.exit_file,
-                owner=(account.pw_uid, account.pw_gid) if account is not None else None,
-                hold=limits.any,
+                owner=owner,
+                hold=limits.any or plan is not None,
             )
         except OSError as exc:
             self.launch_failed(record, f"cannot start the task: {exc}", cause=node_fault(exc))
@@ -284,6 +387,18 @@ class Workloads:
         try:
             others = [r.pid for r in node.records.values() if r.live and r.pid is not None and r.key != record.key]
             held = self.limiter.apply(record.key, child.pid, limits, others=others)
+            if plan is not None:
+                assert self.containers.runtime is not None
+                self.containers.hold(plan, record.key, child.pid, self.limiter)
+                held += f", {self.containers.runtime.prepare(plan)}"
+        except (OSError, CdiError, subprocess.SubprocessError) as exc:
+            # The wrapper waits on its stdin: killed there, it never ran anything.
+            launcher.signal_group(child.pid, signal.SIGKILL)
+            child.wait()
+            self.launch_failed(
+                record, f"cannot prepare the container: {exc}", cause=node_fault(exc) if isinstance(exc, OSError) else None
+            )
+            return
         except Exception:
             # The process runs already: a bug in limiting must not leave it started and unrecorded.
             node.log.exception("task %s attempt %s: limiting it failed: it runs unlimited", task_id, attempt)
@@ -305,6 +420,7 @@ class Workloads:
         node = self.node
         node.log.error("task %s attempt %s: %s", record.task_id, record.attempt, message)
         record.stop_cause = cause
+        record.message = message[:1000]
         node.records[record.key] = record
         try:
             Path(record.workdir).mkdir(parents=True, exist_ok=True)
@@ -330,6 +446,7 @@ class Workloads:
 
     def supervise(self) -> None:
         node = self.node
+        self.start_pulled()
         for record in list(node.records.values()):
             if record.pid is None or record.state not in ("running", "stopping"):
                 continue
@@ -337,8 +454,8 @@ class Workloads:
             now = node.clock()
             if record.state == "running":
                 if exited:
-                    # Whatever the workload left behind in its group goes with it.
-                    launcher.signal_group(record.pid, signal.SIGKILL)
+                    # Whatever the workload left behind in its group (or its container) goes with it.
+                    signal_task(record.container, record.pid, signal.SIGKILL)
                     self.finish(record, status)
                 elif record.time_limit_s and record.started_at and now - record.started_at > record.time_limit_s:
                     self.request_stop(record, cause="time_limit", grace_s=record.grace_s, reason="time limit")
@@ -365,6 +482,8 @@ class Workloads:
         record.state = "exited"
         record.ended_at = node.clock()
         self.children.pop(record.key, None)
+        if record.container:
+            self.containers.cleanup(record)  # before its cgroup goes: runc's own group is below it
         if (note := self.limiter.release(record.key)) is not None:
             node.log.warning("task %s attempt %s: %s", record.task_id, record.attempt, note)
             with contextlib.suppress(OSError), open(record.log_path, "a") as handle:

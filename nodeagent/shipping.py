@@ -117,6 +117,8 @@ class Shipping:
             # Read now that the process is gone: a checkpoint it wrote in its grace period counts.
             "checkpoint_time": newest_mtime(Path(record.checkpoint_dir)),
         }
+        if record.message:
+            body["message"] = record.message  # a reason the agent gave itself (a failed image pull…)
         if (offset := node.clock_offset.estimate) is not None:
             body["clock_offset_s"] = round(offset[0], 3)  # the portal shifts the times above by it
         try:

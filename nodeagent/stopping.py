@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from nodeagent import launcher
 from nodeagent.client import PortalError
+from nodeagent.containers.runtime import signal_task
 from nodeagent.context import Node, TaskKey
 from nodeagent.journal import TaskRecord
 
@@ -54,7 +55,7 @@ class Stopper:
         record.stop_reason = reason
         record.sigterm_at = now
         record.stop_deadline = now + grace_s
-        launcher.signal_group(record.pid, signal.SIGTERM)
+        signal_task(record.container, record.pid, signal.SIGTERM)
         node.save()
 
     def escalate(self, record: TaskRecord, now: float) -> None:
@@ -62,7 +63,7 @@ class Stopper:
         assert record.pid is not None
         if record.sigkill_at is None and record.stop_deadline is not None and now >= record.stop_deadline:
             self.node.log.warning("task %s attempt %s outlived its grace: SIGKILL", record.task_id, record.attempt)
-            launcher.signal_group(record.pid, signal.SIGKILL)
+            signal_task(record.container, record.pid, signal.SIGKILL)
             record.sigkill_at = now
             self.node.dirty = True
         elif record.sigkill_at is not None and now - record.sigkill_at >= self.node.config.unkillable_after_s:

@@ -33,6 +33,7 @@ from typing import Any
 
 from nodeagent import journal as journal_mod
 from nodeagent import launcher
+from nodeagent.containers.runtime import signal_task
 
 LEASE_FILE = "agent-lease"
 PID_FILE = "watchdog.pid"
@@ -122,6 +123,7 @@ class _Fence:
     marker: Path
     note: dict[str, Any] = field(default_factory=dict)
     killed: bool = False
+    container: dict[str, Any] | None = None  # the task's container (its processes are not in the group)
 
 
 @dataclass
@@ -184,7 +186,7 @@ class Watchdog:
             if not launcher.group_alive(fence.pgid):
                 self.fences.remove(fence)
             elif not fence.killed and now >= fence.deadline:
-                launcher.signal_group(fence.pgid, signal.SIGKILL)
+                signal_task(fence.container, fence.pgid, signal.SIGKILL)
                 fence.killed = True
                 fence.note["sigkill_at"] = now
                 _write_marker(fence.marker, fence.note)
@@ -197,14 +199,16 @@ class Watchdog:
             note = {"reason": f"agent gone: no lease renewal for {silent_s:.0f} s", "sigterm_at": now, "sigkill_at": None}
             # The marker first: a returning agent that sees the process end must know why.
             _write_marker(record.fenced_marker, note)
-            launcher.signal_group(record.pid, signal.SIGTERM)
+            signal_task(record.container, record.pid, signal.SIGTERM)
             grace = max(0.0, min(record.grace_s, max_grace))
             deadline = now + grace
             if record.state == "stopping" and record.stop_deadline is not None:
                 # The agent had begun this stop (its own liveness, a portal order) and died during the
                 # grace: the kill stays due when the agent had it due, not a whole grace later.
                 deadline = min(deadline, max(now, record.stop_deadline))
-            self.fences.append(_Fence(pgid=record.pid, deadline=deadline, marker=record.fenced_marker, note=note))
+            self.fences.append(
+                _Fence(pgid=record.pid, deadline=deadline, marker=record.fenced_marker, note=note, container=record.container)
+            )
 
     def run(self) -> int:
         for path in self.dirs():

@@ -1,0 +1,173 @@
+"""What a launch asks of containers: the image pulled off the agent's loop, the container planned,
+and what is left of it removed when the task ends.
+
+A launch runs inside the heartbeat (reconciliation answers it), so a pull, which may take minutes,
+runs in a thread of its own: the task waits recorded as "launching" (a stop or a fence ends it at
+once, as one that never started) and Workloads.supervise starts it once its image is there.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from nodeagent.cgroups import CGROUP_MOUNT, Limiter
+from nodeagent.containers import runc as runc_mod
+from nodeagent.containers.images import Image, ImageCache, PullError
+from nodeagent.containers.runtime import ContainerPlan, Mount, Runtime, container_id, detect, from_ref
+from nodeagent.context import Node, TaskKey
+from nodeagent.journal import TaskRecord
+
+GB = 1024**3
+
+
+def _hosts(text: str) -> list[str]:
+    return [h.strip() for h in text.split(",") if h.strip()]
+
+
+@dataclass
+class _Pull:
+    thread: threading.Thread
+    image: Image | None = None
+    error: str | None = None
+
+
+class Containers:
+    def __init__(self, node: Node, *, runtime: Runtime | None, why: str, cache: ImageCache) -> None:
+        self.node = node
+        self.runtime = runtime
+        self.why = why
+        self.cache = cache
+        self.pulls: dict[TaskKey, _Pull] = {}
+
+    @classmethod
+    def for_node(cls, node: Node) -> Containers:
+        config = node.config
+        runtime, why = detect(config.container_runtime, state_dir=node.state_dir)
+        (node.log.info if runtime is not None else node.log.warning)("%s", why)
+        cache = ImageCache(
+            root=config.image_cache or node.state_dir / "images",
+            max_bytes=int(config.image_cache_gb * GB),
+            allow=_hosts(config.registry_allow),
+            insecure=_hosts(config.registry_insecure),
+        )
+        return cls(node, runtime=runtime, why=why, cache=cache)
+
+    # -- pulling -----------------------------------------------------------------------------------
+    def begin_pull(self, record: TaskRecord, container: dict[str, Any]) -> str | None:
+        """Start pulling the task's image in a thread; the reason it cannot be run here, else None."""
+        if self.runtime is None:
+            return f"this node cannot run containers: {self.why}"
+        reference = str(container.get("image") or "")
+        auth = container.get("auth") if isinstance(container.get("auth"), dict) else None
+        pull = _Pull(thread=threading.Thread(target=lambda: None))
+
+        def work() -> None:
+            try:
+                pull.image = self.cache.get(reference, auth=auth, in_use=self.live_digests)
+            except PullError as exc:
+                pull.error = str(exc)
+            except Exception as exc:  # a bug must end the task with a reason, not leave it launching
+                self.node.log.exception("pulling %s failed", reference)
+                pull.error = f"image pull failed: {reference}: {exc.__class__.__name__}: {exc}"
+
+        pull.thread = threading.Thread(target=work, name=f"pull-{record.task_id}-{record.attempt}", daemon=True)
+        self.pulls[record.key] = pull
+        pull.thread.start()
+        return None
+
+    def pulled(self, key: TaskKey) -> tuple[bool, Image | None, str | None]:
+        """(done, image, error) of the task's pull; a done one is forgotten here."""
+        pull = self.pulls.get(key)
+        if pull is None:
+            return True, None, "image pull failed: the pull was lost (agent restarted?)"
+        if pull.thread.is_alive():
+            return False, None, None
+        del self.pulls[key]
+        return True, pull.image, pull.error
+
+    def live_digests(self) -> set[str]:
+        """Images no eviction may remove: those of the tasks that are, or are about to be, running."""
+        return {
+            str(r.container["digest"])
+            for r in list(self.node.records.values())
+            if r.live and r.container and r.container.get("digest")
+        }
+
+    # -- running -----------------------------------------------------------------------------------
+    def plan(
+        self,
+        record: TaskRecord,
+        container: dict[str, Any],
+        image: Image,
+        *,
+        command: str,
+        env: dict[str, str],
+        account: pwd.struct_passwd | None,
+    ) -> ContainerPlan:
+        """The task's container: its directories at their host paths, the user's mounts, its GPUs."""
+        cid = container_id(record.launch_id)
+        mounts = [Mount(str(record.run_dir), str(record.run_dir)), Mount(record.checkpoint_dir, record.checkpoint_dir)]
+        if self.node.gpus.simulated:
+            record.util_file.touch()
+            mounts.append(Mount(str(record.util_file), str(record.util_file)))
+        for item in container.get("mounts") or []:
+            source, target = str(item.get("source") or ""), str(item.get("target") or item.get("source") or "")
+            if not os.path.isabs(source) or not os.path.isabs(target):
+                raise ValueError(f"a container mount needs absolute paths, not {source!r} -> {target!r}")
+            if not os.path.exists(source):
+                raise ValueError(f"the container mount's source {source} does not exist on node {self.node.config.name}")
+            mounts.append(Mount(source, target, readonly=bool(item.get("readonly"))))
+        args = ["/bin/sh", "-c", command] if command else list(image.config.args)
+        if not args:
+            raise ValueError("the job gives no command and the image no Entrypoint or Cmd")
+        uid, gid = (account.pw_uid, account.pw_gid) if account is not None else (0, 0)
+        return ContainerPlan(
+            container_id=cid,
+            bundle=self.node.state_dir / "containers" / cid,
+            rootfs=image.rootfs,
+            image=image.config,
+            args=args,
+            env=env,
+            cwd=str(container.get("workdir") or record.run_dir),
+            uid=uid,
+            gid=gid,
+            groups=runc_mod.owner_groups(account.pw_name, gid) if account is not None else [],
+            mounts=mounts,
+            gpus=list(record.gpus),
+            hostname=self.node.config.name,
+        )
+
+    def hold(self, plan: ContainerPlan, key: TaskKey, pid: int, limiter: Limiter) -> None:
+        """Keep the container in the limits the task's wrapper (`pid`) was just given: under its cgroup
+        v2 group (cpu.max and memory.max hold every group below), else on the cores it was pinned to
+        (on cgroup v1, joining runc's cpuset group would reset the affinity to every core)."""
+        cgroup = limiter.group_of(key)
+        if cgroup is not None:
+            plan.cgroups_path = f"/{cgroup.relative_to(CGROUP_MOUNT)}/ctr"
+            return
+        plan.cgroups_path = f"/yard/{plan.container_id}"
+        cores = sorted(os.sched_getaffinity(pid))
+        plan.cpus = cores if cores != limiter.cores else None
+
+    def cleanup(self, record: TaskRecord) -> None:
+        """Kill and remove what is left of the task's container, and its bundle."""
+        found = from_ref(record.container)
+        if found is None:
+            return
+        runtime, cid = found
+        runtime.delete(cid, self.node.state_dir / "containers" / cid)
+
+
+def container_env(env: dict[str, str], *, gpus: list[int], by_uuid: bool) -> dict[str, str]:
+    """The task's variables as a container sees its GPUs: NVIDIA_VISIBLE_DEVICES names the host's (as
+    the NVIDIA container toolkit takes them); only their device nodes are inside, and CUDA numbers
+    those from 0, so CUDA_VISIBLE_DEVICES counts from 0 too (UUIDs, for MIG, stay as they are)."""
+    visible = env.get("CUDA_VISIBLE_DEVICES", "")
+    out = {**env, "NVIDIA_VISIBLE_DEVICES": visible if by_uuid else ",".join(str(i) for i in gpus) or "void"}
+    if not by_uuid:
+        out["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
+    return out
