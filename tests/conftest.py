@@ -150,6 +150,7 @@ XDIST_GROUPS = {
     # Whole stacks (gunicorn, Celery, fleets) with their timings scaled down to seconds: one at a time,
     # so two of them never fight for the same two cores (about six minutes in all, on one worker).
     "tests/faults/": "faults",
+    "tests/containers/": "containers",
 }
 
 

@@ -24,7 +24,7 @@ from nodeagent.containers.runtime import from_ref
 from tests.nodeagent.conftest import RunningAgent, portal, start_agent  # noqa: F401  (fixtures used here)
 
 TOOLS = ("runc", "skopeo", "umoci", "docker-registry", "busybox")
-APPLETS = ("sh", "cat", "echo", "env", "sleep", "nc", "ls", "id", "touch", "mkdir", "test", "kill", "ps", "true", "false")
+APPLETS = ("sh", "cat", "echo", "env", "sleep", "nc", "ls", "id", "touch", "mkdir", "test", "kill", "ps", "true", "false", "head", "wc", "sort", "pwd")
 USER, PASSWORD = "ci-bot", "s3cret-registry-pass"
 
 
