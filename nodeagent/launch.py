@@ -25,9 +25,10 @@ from typing import Any, Protocol
 
 from nodeagent import cgroups, hostlist, launcher, notebook
 from nodeagent.config import DEFAULT_GRACE_S, MAX_ORDERED_GRACE_S
+from nodeagent.containers.base import ContainerPlan
 from nodeagent.containers.cdi import CdiError
 from nodeagent.containers.images import Image
-from nodeagent.containers.runtime import ContainerPlan, signal_task
+from nodeagent.containers.runtime import signal_task
 from nodeagent.containers.tasks import Containers, container_env
 from nodeagent.context import AgentFatal, Node, TaskKey
 from nodeagent.journal import TaskRecord

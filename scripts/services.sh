@@ -53,6 +53,24 @@ if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] && ! ls /usr/lib
   fi
 fi
 
+# Containers (issue 26): runc runs a task's image, skopeo pulls it, umoci unpacks it; the tests push a
+# busybox-static image to Debian's docker-registry, and htpasswd (apache2-utils) makes its bcrypt logins.
+ct_missing=""
+for tool in runc:runc skopeo:skopeo umoci:umoci docker-registry:docker-registry busybox:busybox-static htpasswd:apache2-utils; do
+  command -v "${tool%%:*}" >/dev/null 2>&1 || ct_missing="$ct_missing ${tool#*:}"
+done
+if [ -n "$ct_missing" ]; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "services: installing Debian's$ct_missing for the container tests"
+    # shellcheck disable=SC2086  # one package per word
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $ct_missing >/dev/null 2>&1 \
+      || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $ct_missing >/dev/null)) \
+      || echo "services: could not install$ct_missing; the container tests will be skipped with that reason"
+  else
+    echo "services: not installed:$ct_missing (apt-get install$ct_missing); the container tests will be skipped"
+  fi
+fi
+
 if [ "$missing" = 1 ]; then exit 1; fi
 # The test database's owner must exist; `trust` auth on this machine lets postgres create it.
 psql -h 127.0.0.1 -U postgres -d postgres -tAc "select 1" >/dev/null 2>&1 || {

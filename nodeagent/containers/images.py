@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nodeagent.containers.runtime import ImageConfig
+from nodeagent.containers.base import ImageConfig
 
 PULL_TIMEOUT_S = 3600.0
 INSPECT_TIMEOUT_S = 120.0

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.containers import cdi
-from nodeagent.containers.runtime import RUNC, ContainerPlan, Runtime
+from nodeagent.containers.base import RUNC, ContainerPlan, Runtime
 
 CALL_TIMEOUT_S = 20.0
 # Docker's default capabilities for a container's root.

@@ -16,8 +16,9 @@ from typing import Any
 
 from nodeagent.cgroups import CGROUP_MOUNT, Limiter
 from nodeagent.containers import runc as runc_mod
+from nodeagent.containers.base import ContainerPlan, Mount, Runtime, container_id
 from nodeagent.containers.images import Image, ImageCache, PullError
-from nodeagent.containers.runtime import ContainerPlan, Mount, Runtime, container_id, detect, from_ref
+from nodeagent.containers.runtime import detect, from_ref
 from nodeagent.context import Node, TaskKey
 from nodeagent.journal import TaskRecord
 

@@ -24,7 +24,27 @@ from nodeagent.containers.runtime import from_ref
 from tests.nodeagent.conftest import RunningAgent, portal, start_agent  # noqa: F401  (fixtures used here)
 
 TOOLS = ("runc", "skopeo", "umoci", "docker-registry", "busybox")
-APPLETS = ("sh", "cat", "echo", "env", "sleep", "nc", "ls", "id", "touch", "mkdir", "test", "kill", "ps", "true", "false", "head", "wc", "sort", "pwd")
+APPLETS = (
+    "sh",
+    "cat",
+    "echo",
+    "env",
+    "sleep",
+    "nc",
+    "ls",
+    "id",
+    "touch",
+    "mkdir",
+    "test",
+    "kill",
+    "ps",
+    "true",
+    "false",
+    "head",
+    "wc",
+    "sort",
+    "pwd",
+)
 USER, PASSWORD = "ci-bot", "s3cret-registry-pass"
 
 
@@ -118,7 +138,9 @@ def auth_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry
     found.process.wait(timeout=10)
 
 
-def build_image(work: Path, reference: str, *, env: dict[str, str], cmd: list[str], creds: str | None = None, pad_mb: int = 0) -> None:
+def build_image(
+    work: Path, reference: str, *, env: dict[str, str], cmd: list[str], creds: str | None = None, pad_mb: int = 0
+) -> None:
     """A busybox-static image (its applets as symlinks), built with umoci and pushed with skopeo."""
     layout, bundle = work / "layout", work / "bundle"
     shutil.rmtree(work, ignore_errors=True)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from nodeagent.containers import cdi
+from nodeagent.containers.base import ContainerPlan, ImageConfig
 from nodeagent.containers.images import ImageCache
 from nodeagent.containers.runc import Runc, bundle_config
-from nodeagent.containers.runtime import ContainerPlan, ImageConfig
 from tests.containers.conftest import needs_containers
 
 MB = 1024 * 1024

@@ -85,7 +85,10 @@ def test_credentials_pull_from_a_registry_that_wants_them_and_never_show(
     assert cache.get(ref, auth={"username": USER, "password": PASSWORD}).rootfs.is_dir()
     # Through an agent: the spec's team credential.
     running = start_ct_agent()
-    portal.set_desired("node-t1", [container_spec(22, "echo pulled-with-a-credential", ref, container={"auth": {"username": USER, "password": PASSWORD}})])
+    portal.set_desired(
+        "node-t1",
+        [container_spec(22, "echo pulled-with-a-credential", ref, container={"auth": {"username": USER, "password": PASSWORD}})],
+    )
     assert exited(portal, 22)["exit_code"] == 0
     assert "pulled-with-a-credential" in log_of(portal, 22)
     journal = (running.agent.state_dir / "journal.json").read_text()

@@ -23,9 +23,13 @@ def log_of(portal: FakePortal, task_id: int) -> str:
     return portal.logs.get((task_id, 1), b"").decode(errors="replace")
 
 
-def test_a_task_prints_in_its_container_and_exits_with_its_code(portal: FakePortal, start_ct_agent: StartAgent, image: str) -> None:
+def test_a_task_prints_in_its_container_and_exits_with_its_code(
+    portal: FakePortal, start_ct_agent: StartAgent, image: str
+) -> None:
     running = start_ct_agent()
-    portal.set_desired("node-t1", [container_spec(1, "echo hello-from-inside; cat /etc/os-release 2>&1 | head -1; exit 7", image)])
+    portal.set_desired(
+        "node-t1", [container_spec(1, "echo hello-from-inside; cat /etc/os-release 2>&1 | head -1; exit 7", image)]
+    )
     status = exited(portal, 1)
     assert status["exit_code"] == 7
     log = log_of(portal, 1)

@@ -19,7 +19,9 @@ pytestmark = needs_containers
 StartAgent = Callable[..., RunningAgent]
 
 # Writes its checkpoint on SIGTERM and exits 0; says when it is ready.
-CHECKPOINTING = "trap 'echo saved-at-sigterm > $YARD_CHECKPOINT_DIR/state; exit 0' TERM; echo ready; while true; do sleep 0.2; done"
+CHECKPOINTING = (
+    "trap 'echo saved-at-sigterm > $YARD_CHECKPOINT_DIR/state; exit 0' TERM; echo ready; while true; do sleep 0.2; done"
+)
 # Ignores SIGTERM (and so do its children), with two more processes in the container.
 STUBBORN = "trap '' TERM; sleep 1000 & sleep 1000 & echo ready; while true; do sleep 0.2; done"
 
