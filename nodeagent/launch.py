@@ -19,7 +19,6 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,7 +28,7 @@ from nodeagent.containers.base import ContainerPlan
 from nodeagent.containers.cdi import CdiError
 from nodeagent.containers.images import Image
 from nodeagent.containers.runtime import signal_task
-from nodeagent.containers.tasks import Containers, container_env
+from nodeagent.containers.tasks import Containers, Waiting, container_env
 from nodeagent.context import AgentFatal, Node, TaskKey
 from nodeagent.journal import TaskRecord
 
@@ -79,17 +78,6 @@ def grace(value: Any, *, default: float) -> float:
     return min(default if value is None else max(0.0, float(value)), MAX_ORDERED_GRACE_S)
 
 
-@dataclass
-class _Waiting:
-    """A container task waiting for its image: what its start needs once the pull is done."""
-
-    container: dict[str, Any]
-    command: str
-    env: dict[str, str]
-    account: pwd.struct_passwd | None
-    limits: cgroups.Limits
-
-
 class RequestStop(Protocol):
     """Stopper.request_stop: SIGTERM now, SIGKILL after `grace_s`."""
 
@@ -122,7 +110,7 @@ class Workloads:
         self.use = cgroups.UseMeter()
         # Tasks in containers (nodeagent/containers/): the runtime and image cache, and the pulls under way.
         self.containers = Containers.for_node(node)
-        self.waiting: dict[TaskKey, _Waiting] = {}
+        self.waiting: dict[TaskKey, Waiting] = {}
 
     def measure_use(self) -> dict[TaskKey, cgroups.TaskUse]:
         """The real CPU and memory use of each live task (cgroups.UseMeter: one pass over /proc for all of them at most)."""
@@ -293,6 +281,8 @@ class Workloads:
         except OSError as exc:
             self.launch_failed(record, f"cannot prepare the task: {exc}", cause=node_fault(exc))
             return
+        if container is not None:
+            record.container = {"image": str(container.get("image") or "")}  # journaled: a restart knows it pulled
         # The watchdog must be there before the workload: it is what stops it should this agent die.
         self.ensure_watchdog()
         # Journal first: should the agent die right after the fork, the restarted agent finds the
@@ -306,12 +296,11 @@ class Workloads:
         limits = cgroups.Limits.from_spec(spec)
         if container is not None:
             # The pull runs off this loop (a launch runs inside the heartbeat); supervise starts the task.
-            record.container = {"image": str(container.get("image") or "")}
             problem = self.containers.begin_pull(record, container)
             if problem is not None:
                 self.launch_failed(record, problem, cause="image_pull")
                 return
-            self.waiting[record.key] = _Waiting(container, command, env, account, limits)
+            self.waiting[record.key] = Waiting(container, command, env, account, limits)
             node.log.info("task %s attempt %s: pulling %s", task_id, attempt, record.container["image"])
             return
         self.start(record, command=command, env=env, account=account, limits=limits)

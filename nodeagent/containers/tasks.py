@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.cgroups import CGROUP_MOUNT, Limiter
+from nodeagent.cgroups import CGROUP_MOUNT, Limiter, Limits
 from nodeagent.containers import runc as runc_mod
 from nodeagent.containers.base import ContainerPlan, Mount, Runtime, container_id
 from nodeagent.containers.images import Image, ImageCache, PullError
@@ -27,6 +27,17 @@ GB = 1024**3
 
 def _hosts(text: str) -> list[str]:
     return [h.strip() for h in text.split(",") if h.strip()]
+
+
+@dataclass
+class Waiting:
+    """A container task waiting for its image: what its start needs once the pull is done."""
+
+    container: dict[str, Any]
+    command: str
+    env: dict[str, str]
+    account: pwd.struct_passwd | None
+    limits: Limits
 
 
 @dataclass

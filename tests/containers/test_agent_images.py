@@ -3,6 +3,7 @@ recently used, never an image in use), credentials that never show, and referenc
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nodeagent.containers.images import ImageCache, PullError, Reference, allowed
-from tests.containers.conftest import PASSWORD, USER, Registry, build_image, container_spec, needs_containers
+from tests.containers.conftest import PASSWORD, USER, Registry, build_image, container_spec, needs_containers, wait_until
 from tests.containers.test_agent_run import exited, log_of
 from tests.nodeagent.conftest import RunningAgent
 from tests.nodeagent.fakeportal import FakePortal
@@ -113,3 +114,23 @@ def test_the_allow_list_names_hosts_with_or_without_their_port() -> None:
     assert allowed("127.0.0.1:5000", ["127.0.0.1"])
     assert not allowed("127.0.0.1:5001", ["127.0.0.1:5000"])
     assert not allowed("docker.io", ["nvcr.io"])
+
+
+@needs_containers
+def test_a_task_whose_pull_an_agent_restart_cut_short_ends_as_a_node_fault(
+    portal: FakePortal, start_ct_agent: StartAgent
+) -> None:
+    """A registry that takes the connection and never answers: the pull hangs until the agent goes."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        ref = f"127.0.0.1:{silent.getsockname()[1]}/yard-test/hangs:1"
+        first = start_ct_agent()
+        portal.set_desired("node-t1", [container_spec(23, "echo never", ref)])
+        wait_until(lambda: (r := first.record(23)) is not None and r.state == "launching", what="task 23 pulling")
+        first.stop()
+        second = start_ct_agent()
+        wait_until(lambda: (r := second.record(23)) is not None and r.state == "exited", what="task 23 ended")
+        record = second.record(23)
+        assert (record.stop_cause, record.message) == ("node_fault", "the agent restarted while the task's image was pulled")
+        assert exited(portal, 23)["stop_cause"] == "node_fault"  # requeued by the portal, not failed
