@@ -121,6 +121,18 @@ def _reason(stderr: str, secrets: Iterable[str]) -> str:
     return detail[-300:] or "skopeo failed"
 
 
+def overlaid(images: Path) -> set[str]:
+    """The digests of cached images that a mounted overlay on this host has as its lower layer."""
+    found = set()
+    prefix = f"lowerdir={images}/"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            for option in line.rsplit(" - ", 1)[-1].split(" ")[-1].split(","):
+                if option.startswith(prefix):
+                    found.add("sha256:" + option.removeprefix(prefix).split("/", 1)[0])
+    return found
+
+
 def _size(path: Path) -> int:
     total = 0
     for folder, _, files in os.walk(path):
@@ -299,7 +311,10 @@ class ImageCache:
         return sorted(found)
 
     def evict(self, *, keep: set[str]) -> list[str]:
-        """Remove least recently used images, none in `keep` or being pulled, until the cache fits."""
+        """Remove least recently used images, none in `keep` (this agent's live tasks), being pulled, or
+        under any container's overlay on this host (another agent's task sharing the cache folder),
+        until the cache fits."""
+        keep = keep | overlaid(self.root / "images")
         entries = self.entries()
         total = sum(size for _, _, size in entries)
         removed = []

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from nodeagent.containers.base import ContainerPlan
 from nodeagent.containers.images import ImageCache, PullError, Reference, allowed
+from nodeagent.containers.runc import Runc
 from tests.containers.conftest import PASSWORD, USER, Registry, build_image, container_spec, needs_containers, wait_until
 from tests.containers.test_agent_run import exited, log_of
 from tests.nodeagent.conftest import RunningAgent
@@ -69,6 +71,16 @@ def test_the_cache_evicts_the_least_recently_used_images_past_its_size_but_none_
     b = cache.get(refs["b"], auth=None, in_use=lambda: {a.digest, c.digest})
     assert {d for _, d, _ in cache.entries()} == {a.digest, b.digest, c.digest}
     assert len(cache.pulled) == 4  # a, b, c, and b again; the second a came from the cache
+    # An image under a container's overlay (another agent's task, sharing the folder) stays too.
+    runtime = Runc(binary="runc", root=tmp_path / "runc")
+    plan = ContainerPlan("yard-evict-test", tmp_path / "bundle", a.rootfs, a.config, ["/bin/true"], {}, "/")
+    assert runtime.prepare(plan).startswith("writable overlay")
+    cache.max_bytes = 0
+    try:
+        assert set(cache.evict(keep=set())) == {b.digest, c.digest}
+    finally:
+        runtime.delete(plan.container_id, plan.bundle)
+    assert cache.evict(keep=set()) == [a.digest]
 
 
 @needs_containers

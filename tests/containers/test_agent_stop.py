@@ -130,3 +130,14 @@ def test_a_restarted_agent_adopts_a_running_container(
     assert (status["stopped_by"], status["exit_code"]) == ("sigterm", 0)
     assert (ckpt / "state").read_text() == "saved-at-sigterm\n"
     assert processes_of(launch_id) == []
+
+
+def test_a_time_limit_stops_a_container_with_sigterm_then_its_grace(
+    portal: FakePortal, start_ct_agent: StartAgent, image: str, tmp_path: Path
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    start_ct_agent()
+    portal.set_desired("node-t1", [container_spec(15, CHECKPOINTING, image, checkpoint_dir=str(ckpt), time_limit_s=1)])
+    status = exited(portal, 15)
+    assert (status["stop_cause"], status["stopped_by"], status["exit_code"]) == ("time_limit", "sigterm", 0)
+    assert (ckpt / "state").read_text() == "saved-at-sigterm\n"
