@@ -301,7 +301,7 @@ class Workloads:
                 self.launch_failed(record, problem, cause="image_pull")
                 return
             self.waiting[record.key] = Waiting(container, command, env, account, limits)
-            node.log.info("task %s attempt %s: pulling %s", task_id, attempt, record.container["image"])
+            node.log.info("task %s attempt %s: pulling %s", task_id, attempt, container.get("image"))
             return
         self.start(record, command=command, env=env, account=account, limits=limits)
 
