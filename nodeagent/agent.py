@@ -247,6 +247,7 @@ class Agent:
             ) from exc
         if data.identity is not None and data.identity != self.identity:
             self._forget_other_identity(data)
+            self.workloads.containers.sweep()
             self.save()
             return
         if data.last_contact is not None:
@@ -270,6 +271,7 @@ class Agent:
                 self.log.info("adopted task %s attempt %s (pid %s)", record.task_id, record.attempt, record.pid)
             else:
                 self.workloads.finish(record, launcher.read_exit_file(record.exit_file))
+        self.workloads.containers.sweep()
         self.save()
 
     def _forget_other_identity(self, data: JournalData) -> None:

@@ -25,6 +25,7 @@ import os
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from nodeagent.containers import cdi
 from nodeagent.containers.base import RUNC, ContainerPlan, Runtime
 
 CALL_TIMEOUT_S = 20.0
+REMOVE_WAIT_S = 5.0
 # Docker's default capabilities for a container's root.
 ROOT_CAPS = [
     "CAP_CHOWN",
@@ -248,8 +250,14 @@ class Runc(Runtime):
                 subprocess.run(
                     ["umount", "-l", str(merged)], capture_output=True, timeout=CALL_TIMEOUT_S, stdin=subprocess.DEVNULL
                 )
-        if not _mounted(merged):
+        # The rootfs stays busy (EBUSY) while the container's mount namespace lives: its last
+        # processes may still be exiting from the kill above.
+        deadline = time.monotonic() + REMOVE_WAIT_S
+        while not _mounted(merged):
             shutil.rmtree(bundle, ignore_errors=True)
+            if not bundle.exists() or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
 
     def state(self, container_id: str) -> str | None:
         try:

@@ -165,6 +165,20 @@ class Containers:
         cores = sorted(os.sched_getaffinity(pid))
         plan.cpus = cores if cores != limiter.cores else None
 
+    def sweep(self) -> list[str]:
+        """Remove the containers and bundles of this agent's state that no live task of its journal
+        names (a journal moved away, a crash between a container's end and its cleanup)."""
+        if self.runtime is None:
+            return []
+        live = {str(r.container.get("id")) for r in self.node.records.values() if r.live and r.container}
+        bundles = self.node.state_dir / "containers"
+        found = set(self.runtime.list()) | ({p.name for p in bundles.iterdir()} if bundles.is_dir() else set())
+        stale = sorted(found - live)
+        for cid in stale:
+            self.node.log.warning("removing container %s: no live task of this agent's journal is in it", cid)
+            self.runtime.delete(cid, bundles / cid)
+        return stale
+
     def cleanup(self, record: TaskRecord) -> None:
         """Kill and remove what is left of the task's container, and its bundle."""
         found = from_ref(record.container)

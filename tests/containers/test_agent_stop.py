@@ -141,3 +141,20 @@ def test_a_time_limit_stops_a_container_with_sigterm_then_its_grace(
     status = exited(portal, 15)
     assert (status["stop_cause"], status["stopped_by"], status["exit_code"]) == ("time_limit", "sigterm", 0)
     assert (ckpt / "state").read_text() == "saved-at-sigterm\n"
+
+
+def test_an_agent_removes_containers_its_journal_does_not_name(
+    portal: FakePortal, start_ct_agent: StartAgent, image: str
+) -> None:
+    first = start_ct_agent()
+    portal.set_desired("node-t1", [container_spec(16, STUBBORN, image)])
+    ready(portal, first, 16)
+    launch_id = first.record(16).launch_id
+    first.stop()
+    (first.agent.state_dir / "journal.json").unlink()  # moved away by an operator, say
+    portal.set_desired("node-t1", [])
+    second = start_ct_agent()
+    bundles = second.agent.state_dir / "containers"
+    wait_until(lambda: not list(bundles.iterdir()), what="the unknown container's bundle removed", timeout=20)
+    assert processes_of(launch_id) == []
+    assert runc_ids(second.agent.state_dir) == []
