@@ -352,8 +352,8 @@ class Workloads:
         if container is not None and image is not None and self.containers.runtime is not None:
             try:
                 plan = self.containers.plan(record, container, image, command=command, env=env, account=account)
-            except (OSError, ValueError) as exc:
-                self.launch_failed(record, f"cannot prepare the container: {exc}", cause="image_pull")
+            except (OSError, ValueError) as exc:  # a mount the node lacks: the job's, like a bad command
+                self.launch_failed(record, f"cannot prepare the container: {exc}")
                 return
             runtime = self.containers.runtime
             record.container = {**(record.container or {}), **runtime.ref(plan.container_id)}

@@ -106,3 +106,18 @@ def test_a_registry_off_the_allow_list_is_refused(portal: FakePortal, start_ct_a
     status = exited(portal, 5)
     assert status["stop_cause"] == "image_pull"
     assert "is not allowed on this node (allowed: nvcr.io)" in str(status["message"])
+
+
+def test_a_mount_the_node_lacks_fails_the_task_saying_which(
+    portal: FakePortal, start_ct_agent: StartAgent, image: str, tmp_path: Path
+) -> None:
+    start_ct_agent()
+    missing = tmp_path / "no-such-dataset"
+    mounts = [{"source": str(missing), "target": "/data", "readonly": True}]
+    portal.set_desired("node-t1", [container_spec(6, "echo never", image, container={"mounts": mounts})])
+    status = exited(portal, 6)
+    assert (
+        status["message"]
+        == f"cannot prepare the container: the container mount's source {missing} does not exist on node node-t1"
+    )
+    assert log_of(portal, 6).startswith("yard-agent: cannot prepare the container")  # and nothing ran
