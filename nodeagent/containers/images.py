@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -176,7 +177,7 @@ class ImageCache:
         host = registry.rsplit(":", 1)[0] if not registry.startswith("[") else registry.split("]")[0] + "]"
         return not (host in LOOPBACK or registry in self.insecure or host in self.insecure)
 
-    def _skopeo(self, args: list[str], *, auth: dict[str, Any] | None, registry: str, timeout: float) -> str:
+    def _skopeo(self, args: list[str], *, auth: dict[str, Any] | None, registry: str, timeout: float) -> bytes:
         """Run skopeo with the credentials in a private auth file; its stdout, or PullError."""
         secrets = [str(auth.get("password") or "")] if auth else []
         private = tempfile.mkdtemp(prefix="yard-auth-")  # 0700
@@ -197,7 +198,6 @@ class ImageCache:
             done = subprocess.run(
                 [self.skopeo, *args[:1], *extra, *args[1:]],
                 capture_output=True,
-                text=True,
                 timeout=timeout,
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, "REGISTRY_AUTH_FILE": extra[1]},
@@ -209,22 +209,23 @@ class ImageCache:
         finally:
             shutil.rmtree(private, ignore_errors=True)
         if done.returncode != 0:
-            raise PullError(_reason(done.stderr, secrets))
+            raise PullError(_reason(done.stderr.decode(errors="replace"), secrets))
         return done.stdout
 
     def resolve(self, ref: Reference, auth: dict[str, Any] | None) -> str:
-        if ref.digest:
-            return ref.digest
+        """The digest of the manifest `ref` names: the sha256 of its raw bytes, as the registry serves
+        them. Asked at every launch, digest or not, with the task's credential: a cached image is
+        used only by a task that may still pull it (as Kubernetes' AlwaysPullImages)."""
         tls = [] if self._tls(ref.registry) else ["--tls-verify=false"]
-        out = self._skopeo(
-            ["inspect", *tls, "--format", "{{.Digest}}", f"docker://{ref}"],
+        raw = self._skopeo(
+            ["inspect", *tls, "--raw", ref.by_digest(ref.digest) if ref.digest else f"docker://{ref}"],
             auth=auth,
             registry=ref.registry,
             timeout=INSPECT_TIMEOUT_S,
         )
-        digest = out.strip()
-        if not _DIGEST.match(digest):
-            raise PullError(f"the registry gave no digest for {ref} ({digest[:80]!r})")
+        digest = ref.digest or f"sha256:{hashlib.sha256(raw).hexdigest()}"
+        if not raw.strip():
+            raise PullError(f"the registry gave no manifest for {ref}")
         return digest
 
     def get(self, reference: str, *, auth: dict[str, Any] | None, in_use: Callable[[], set[str]] = set) -> Image:

@@ -95,7 +95,13 @@ def test_credentials_pull_from_a_registry_that_wants_them_and_never_show(
     with pytest.raises(PullError, match="the registry refused the credentials") as wrong:
         cache.get(ref, auth={"username": USER, "password": "not-" + PASSWORD})
     assert PASSWORD not in str(no_auth.value) + str(wrong.value)
-    assert cache.get(ref, auth={"username": USER, "password": PASSWORD}).rootfs.is_dir()
+    pulled = cache.get(ref, auth={"username": USER, "password": PASSWORD})
+    assert pulled.rootfs.is_dir()
+    # Cached now, but a task without the credential does not get it, not even by its digest.
+    by_digest = f"{auth_registry.host}/yard-test/private@{pulled.digest}"
+    with pytest.raises(PullError, match="the registry refused the credentials"):
+        cache.get(by_digest, auth=None)
+    assert cache.get(by_digest, auth={"username": USER, "password": PASSWORD}).pulled_s == 0  # from the cache
     # Through an agent: the spec's team credential.
     running = start_ct_agent()
     portal.set_desired(
