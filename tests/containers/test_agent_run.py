@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from nodeagent import launcher
 from tests.containers.conftest import Registry, container_spec, needs_containers, runc_ids
 from tests.nodeagent.conftest import RunningAgent
 from tests.nodeagent.fakeportal import FakePortal
@@ -121,3 +122,20 @@ def test_a_mount_the_node_lacks_fails_the_task_saying_which(
         == f"cannot prepare the container: the container mount's source {missing} does not exist on node node-t1"
     )
     assert log_of(portal, 6).startswith("yard-agent: cannot prepare the container")  # and nothing ran
+
+
+def test_two_containers_rendezvous_over_the_hosts_network(portal: FakePortal, start_ct_agent: StartAgent, image: str) -> None:
+    port = launcher.free_port("127.0.0.1")
+    start_ct_agent()
+    server = f"nc -l -p {port} > $YARD_WORKDIR/got.txt; cat $YARD_WORKDIR/got.txt"
+    client = f"for i in $(seq 1 100); do echo hello-rank-0 | nc 127.0.0.1 {port} && exit 0; sleep 0.1; done; exit 1"
+    portal.set_desired(
+        "node-t1",
+        [
+            container_spec(7, server, image, rank=0, world_size=2),
+            container_spec(8, client, image, rank=1, world_size=2, gpus=[1]),
+        ],
+    )
+    assert exited(portal, 8)["exit_code"] == 0
+    assert exited(portal, 7)["exit_code"] == 0
+    assert "hello-rank-0" in log_of(portal, 7)
