@@ -23,6 +23,11 @@ from nodeagent.context import Node, TaskKey
 from nodeagent.journal import TaskRecord
 
 GB = 1024**3
+# The job's command runs as `/bin/sh -c <command>` under a shell that is the container's init (pid 1)
+# and only waits for it: the kernel gives a pid namespace's init no signal it has no handler for, so
+# a workload that were pid 1 itself would ignore SIGTERM and sit out its grace. Below it, the
+# workload gets SIGTERM's default action as on the host, or its own trap; the exit status is its own.
+INIT = ["/bin/sh", "-c", '/bin/sh -c "$0"; exit $?']
 
 
 def _hosts(text: str) -> list[str]:
@@ -133,7 +138,7 @@ class Containers:
             if not os.path.exists(source):
                 raise ValueError(f"the container mount's source {source} does not exist on node {self.node.config.name}")
             mounts.append(Mount(source, target, readonly=bool(item.get("readonly"))))
-        args = ["/bin/sh", "-c", command] if command else list(image.config.args)
+        args = [*INIT, command] if command else list(image.config.args)
         if not args:
             raise ValueError("the job gives no command and the image no Entrypoint or Cmd")
         uid, gid = (account.pw_uid, account.pw_gid) if account is not None else (0, 0)

@@ -158,3 +158,16 @@ def test_an_agent_removes_containers_its_journal_does_not_name(
     wait_until(lambda: not list(bundles.iterdir()), what="the unknown container's bundle removed", timeout=20)
     assert processes_of(launch_id) == []
     assert runc_ids(second.agent.state_dir) == []
+
+
+def test_sigterm_ends_a_workload_without_a_handler_at_once_not_after_its_grace(
+    portal: FakePortal, start_ct_agent: StartAgent, image: str
+) -> None:
+    """As on the host: SIGTERM's default action, though the kernel shields a pid namespace's init."""
+    agent = start_ct_agent()
+    spec = container_spec(17, "echo ready; exec sleep 1000", image, grace_s=60)
+    portal.set_desired("node-t1", [spec])
+    ready(portal, agent, 17)
+    portal.set_desired("node-t1", [{**spec, "action": "stop"}])
+    status = exited(portal, 17, timeout=20)
+    assert (status["stopped_by"], status["signal"]) == ("sigterm", 15)
