@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import pwd
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nodeagent.cgroups import CGROUP_MOUNT, Limiter, Limits
@@ -47,12 +47,17 @@ class Waiting:
 
 @dataclass
 class _Pull:
-    thread: threading.Thread
+    """One task's pull, done in a thread: its image or its error once `done` is set."""
+
+    done: threading.Event = field(default_factory=threading.Event)
     image: Image | None = None
     error: str | None = None
 
 
 class Containers:
+    """The node's container runtime (None: it has none, and says why) and image cache, and the pulls
+    under way, for the Workloads (nodeagent/launch.py)."""
+
     def __init__(self, node: Node, *, runtime: Runtime | None, why: str, cache: ImageCache) -> None:
         self.node = node
         self.runtime = runtime
@@ -80,7 +85,7 @@ class Containers:
             return f"this node cannot run containers: {self.why}"
         reference = str(container.get("image") or "")
         auth = container.get("auth") if isinstance(container.get("auth"), dict) else None
-        pull = _Pull(thread=threading.Thread(target=lambda: None))
+        pull = self.pulls[record.key] = _Pull()
 
         def work() -> None:
             try:
@@ -90,10 +95,10 @@ class Containers:
             except Exception as exc:  # a bug must end the task with a reason, not leave it launching
                 self.node.log.exception("pulling %s failed", reference)
                 pull.error = f"image pull failed: {reference}: {exc.__class__.__name__}: {exc}"
+            finally:
+                pull.done.set()
 
-        pull.thread = threading.Thread(target=work, name=f"pull-{record.task_id}-{record.attempt}", daemon=True)
-        self.pulls[record.key] = pull
-        pull.thread.start()
+        threading.Thread(target=work, name=f"pull-{record.task_id}-{record.attempt}", daemon=True).start()
         return None
 
     def pulled(self, key: TaskKey) -> tuple[bool, Image | None, str | None]:
@@ -101,7 +106,7 @@ class Containers:
         pull = self.pulls.get(key)
         if pull is None:
             return True, None, "image pull failed: the pull was lost (agent restarted?)"
-        if pull.thread.is_alive():
+        if not pull.done.is_set():
             return False, None, None
         del self.pulls[key]
         return True, pull.image, pull.error
