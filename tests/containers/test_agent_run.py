@@ -127,7 +127,9 @@ def test_a_mount_the_node_lacks_fails_the_task_saying_which(
 def test_two_containers_rendezvous_over_the_hosts_network(portal: FakePortal, start_ct_agent: StartAgent, image: str) -> None:
     port = launcher.free_port("127.0.0.1")
     start_ct_agent()
-    server = f"nc -l -p {port} > $YARD_WORKDIR/got.txt; cat $YARD_WORKDIR/got.txt"
+    # The server reads the socket to its end with -e: a bare `nc -l` whose stdin is at its end shuts its
+    # side at once, and the client's nc may take that end for the reply and quit before it sends a byte.
+    server = f"nc -l -p {port} -e sh -c 'cat > $YARD_WORKDIR/got.txt'; cat $YARD_WORKDIR/got.txt"
     client = f"for i in $(seq 1 100); do echo hello-rank-0 | nc 127.0.0.1 {port} && exit 0; sleep 0.1; done; exit 1"
     portal.set_desired(
         "node-t1",
