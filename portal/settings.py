@@ -322,6 +322,9 @@ YARD = {
     # GpuWindow rows older than this are deleted hourly (scheduling/governance/retention.py); 62 days keep
     # this month's and last month's reports whole. GPU-hours (allocations) are never deleted.
     "TELEMETRY_KEEP_DAYS": env_int("YARD_TELEMETRY_KEEP_DAYS", 62, minimum=1),
+    # Container images (docs/containers.md): the registries a job's image may come from, host[:port]
+    # ("nvcr.io,registry.corp:5000"; a bare host allows its every port); empty: any registry.
+    "REGISTRY_ALLOW": tuple(env_list("YARD_REGISTRY_ALLOW", [])),
 }
 
 # The liveness arithmetic (docs/agent-api.md): a node's work must be gone, whether its agent stopped it

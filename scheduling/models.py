@@ -218,6 +218,12 @@ class Job(models.Model):
     one_fabric = models.BooleanField(default=False)
     # Each replica on a node of its own, never two on one node: Slurm's --nodes=N (N distinct nodes).
     one_per_node = models.BooleanField(default=False)
+    # A container image to run in (docs/containers.md), normalised ("docker.io/library/python:3.12");
+    # blank: on the host. Its mounts as the agent takes them ({source, target, readonly}) and the working
+    # directory inside it (blank: the task's run directory).
+    image = models.CharField(max_length=512, blank=True)
+    container_mounts = models.JSONField(default=list, blank=True)
+    container_workdir = models.CharField(max_length=1024, blank=True)
     # lifecycle
     state = models.CharField(max_length=10, choices=JobState.choices, default=JobState.PENDING, db_index=True)
     attempt = models.PositiveIntegerField(default=1)
@@ -275,6 +281,29 @@ class Job(models.Model):
         from scheduling.states import TERMINAL_STATES
 
         return JobState(self.state) in TERMINAL_STATES
+
+
+class RegistryCredential(models.Model):
+    """A team's (or a department's, for every team below it) login to one container registry.
+
+    The password is kept sealed (scheduling/sealed.py) and opened only to build a task spec for an agent;
+    it is never shown, logged or sent back by the API.
+    """
+
+    unit = models.ForeignKey(OrgUnit, on_delete=models.CASCADE, related_name="registry_credentials")
+    registry = models.CharField(max_length=255, help_text="host[:port], e.g. nvcr.io or registry.corp:5000")
+    username = models.CharField(max_length=255)
+    password_sealed = models.TextField()
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["unit_id", "registry"]
+        constraints = [models.UniqueConstraint(fields=["unit", "registry"], name="registrycredential_unique_per_unit")]
+
+    def __str__(self) -> str:
+        return f"{self.username}@{self.registry} ({self.unit})"
 
 
 class JobEvent(models.Model):

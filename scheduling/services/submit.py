@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import posixpath
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -17,6 +17,7 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from scheduling import images
 from scheduling.core.capacity import Capacity, refusal
 from scheduling.core.eta import admit as eta_admit
 from scheduling.core.types import LeafLocality, PendingJob, Verdict
@@ -56,6 +57,11 @@ class JobSpec:
     # None: the deployment's default per GPU of a replica (``with_default_resources``).
     cpus_per_replica: int | None = None
     memory_mb_per_replica: int | None = None
+    # A container image to run in (docs/containers.md), its mounts ({source, target, readonly} or pyxis's
+    # SRC:DST[:ro|rw],...) and working directory; "": on the host, as before.
+    image: str = ""
+    container_mounts: Any = field(default_factory=list)
+    container_workdir: str = ""
 
 
 def with_default_resources(spec: JobSpec) -> JobSpec:
@@ -98,6 +104,9 @@ def job_spec_of(job: Job, **changes: Any) -> JobSpec:
         "one_per_node": job.one_per_node,
         "cpus_per_replica": job.cpus_per_replica,
         "memory_mb_per_replica": job.memory_mb_per_replica,
+        "image": job.image,
+        "container_mounts": list(job.container_mounts or []),
+        "container_workdir": job.container_workdir,
     }
     fields.update(changes)
     return JobSpec(**fields)
@@ -182,8 +191,47 @@ def _validate_spec(*, user: User, spec: JobSpec, capacity: Capacity | None = Non
     for text_field in ("name", "command", "gpu_type"):
         if "\x00" in getattr(spec, text_field):
             errors[text_field].append("Must not contain NUL characters")
+    _validate_container(spec, errors)
     if errors:
         raise ValidationError({k: v for k, v in errors.items()})
+
+
+def registry_allow() -> tuple[str, ...]:
+    """The deployment's YARD_REGISTRY_ALLOW (empty: any registry), read per call so a test's settings apply."""
+    return tuple(str(host) for host in cast(Iterable[Any], settings.YARD.get("REGISTRY_ALLOW", ())))
+
+
+def _validate_container(spec: JobSpec, errors: dict[str, list[str]]) -> None:
+    """The image against the deployment's allow-list (YARD_REGISTRY_ALLOW), its mounts and working directory."""
+    if spec.image:
+        if spec.kind == JobKind.NOTEBOOK:
+            # The agent cannot run one yet (nodeagent/launch.py refuses it): said here, before it waits for GPUs.
+            errors["image"].append("A notebook in a container image is not supported yet: start it without an image")
+        try:
+            images.check_image(spec.image, allow=registry_allow())
+        except images.ImageError as exc:
+            errors["image"].append(str(exc))
+    elif spec.container_mounts or spec.container_workdir:
+        errors["image"].append("Container mounts and a working directory need an image to run in: name one, or leave them out")
+    try:
+        images.parse_mounts(spec.container_mounts)
+    except images.ImageError as exc:
+        errors["container_mounts"].append(str(exc))
+    try:
+        images.check_workdir(spec.container_workdir)
+    except images.ImageError as exc:
+        errors["container_workdir"].append(str(exc))
+
+
+def _container_fields(spec: JobSpec) -> dict[str, Any]:
+    """The job's image, mounts and working directory as stored (normalised); the spec was validated."""
+    if not spec.image:
+        return {"image": "", "container_mounts": [], "container_workdir": ""}
+    return {
+        "image": str(images.parse_image(spec.image)),
+        "container_mounts": images.parse_mounts(spec.container_mounts),
+        "container_workdir": images.check_workdir(spec.container_workdir),
+    }
 
 
 def _pending_job_for(spec: JobSpec, *, job_id: str, now: datetime) -> PendingJob:
@@ -249,7 +297,16 @@ def _same_spec(job: Job, spec: JobSpec) -> bool:
         and job.one_per_node == spec.one_per_node
         and job.cpus_per_replica == spec.cpus_per_replica
         and job.memory_mb_per_replica == spec.memory_mb_per_replica
+        and _same_container(job, spec)
     )
+
+
+def _same_container(job: Job, spec: JobSpec) -> bool:
+    try:
+        wanted = _container_fields(spec)
+    except images.ImageError:
+        return False
+    return (job.image, job.container_mounts, job.container_workdir) == tuple(wanted.values())
 
 
 def _existing_for_key(user: User, key: str, spec: JobSpec) -> Job | None:
@@ -307,6 +364,7 @@ def _create_job(*, user: User, spec: JobSpec, key: str | None, copied_from: Job 
         leaf_locality=spec.leaf_locality,
         one_fabric=spec.one_fabric,
         one_per_node=spec.one_per_node,
+        **_container_fields(spec),
         submitted_at=now,
         state_changed_at=now,
         idempotency_key=key,
