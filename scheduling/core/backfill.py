@@ -17,7 +17,8 @@ from operator import itemgetter
 from typing import NamedTuple
 
 from scheduling.core.index import NODE, FreeState
-from scheduling.core.placement import Fit, find_job
+from scheduling.core.placement import find_job
+from scheduling.core.placement_fit import Fit
 from scheduling.core.types import PendingJob
 
 Loc = tuple[int, int]
@@ -133,7 +134,7 @@ def _earliest_in_counts(
 
     Such a gang is never searched within one node, so it fits exactly when some leaf has as many free
     GPUs as the gang and room for its replicas (kept in one leaf), or when all leaves together have
-    room for them (``placement._multi_node``), counted on READY nodes of its type. The ends are replayed
+    room for them (``placement_span._multi_node``), counted on READY nodes of its type. The ends are replayed
     in counts only (free GPUs per touched node and leaf, replica room per leaf and in all), the first
     end time too (where jobs past their time limit all end "now": giving all of them back for every
     search was most of a saturated plan's locality choices); at the first end time after which it

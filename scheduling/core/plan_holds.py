@@ -5,7 +5,7 @@ reservation, and the at-risk jobs a reservation due now preempts.
 from __future__ import annotations
 
 from scheduling.core import atrisk, reasons
-from scheduling.core.placement import Fit
+from scheduling.core.placement_fit import Fit
 from scheduling.core.plan_state import Loc, PlanState, _Held
 from scheduling.core.preemption import Reclaim, Reclaimer
 from scheduling.core.types import PendingJob, Preemption, Reservation, RunningJob, Tier

@@ -14,7 +14,9 @@ from scheduling.core import atrisk, reasons
 from scheduling.core.backfill import Release, earliest_fit
 from scheduling.core.index import FreeState, TopoIndex, carried, topo_index
 from scheduling.core.locality import LeafChooser
-from scheduling.core.placement import Fit, find_job, node_with_lent, take_fit
+from scheduling.core.placement import find_job
+from scheduling.core.placement_fit import Fit, take_fit
+from scheduling.core.placement_node import node_with_lent
 from scheduling.core.preemption import Reclaimer
 from scheduling.core.quota import QuotaState, borrowed_running
 from scheduling.core.types import (

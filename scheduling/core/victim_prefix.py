@@ -200,7 +200,7 @@ class PrefixSearch(VictimSearch):
         """``_prefix`` for a gang larger than a node that must stay under one leaf, in counts.
 
         Such a gang fits exactly when some leaf has, on its READY nodes of the type, as many free GPUs
-        as the gang and room for its replicas (``placement._multi_node``), and freeing victims only
+        as the gang and room for its replicas (``placement_span._multi_node``), and freeing victims only
         raises those counts. So victims are freed in counts (free GPUs per touched node and leaf, replica
         room per leaf), checked where ``_prefix`` checks, and only at the first check where a leaf fits
         are their GPUs in fitting leaves given back for the real search: it sees those leaves exactly as

@@ -15,7 +15,7 @@ from operator import itemgetter
 from typing import NamedTuple
 
 from scheduling.core.index import NODE, FreeState, TopoIndex
-from scheduling.core.placement import Fit
+from scheduling.core.placement_fit import Fit
 from scheduling.core.types import Config, PendingJob, RunningJob, Tier
 
 Loc = tuple[int, int]

@@ -133,7 +133,8 @@ def test_the_bucket_search_past_short_nodes_picks_what_the_scan_over_nodes_with_
     import random
 
     from scheduling.core.index import FreeState, carried, topo_index
-    from scheduling.core.placement import _room, _single_node_buckets, _single_node_res
+    from scheduling.core.placement import _room
+    from scheduling.core.placement_node import _single_node_buckets, _single_node_res
 
     rng = random.Random(7)
     for _ in range(60):

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from scheduling.core import backfill, placement
 from scheduling.core.index import NODE, NVLINK, PCIE, FreeState
-from scheduling.core.placement import Fit, _pick_in_domain
+from scheduling.core.placement_fit import Fit
+from scheduling.core.placement_node import _pick_in_domain
 from scheduling.core.plan import _Planner, plan
 from scheduling.core.preemption import Reclaimer
 from scheduling.core.quota import QuotaState, limit_words
