@@ -243,6 +243,8 @@ class Job(models.Model):
     stop_requested_at = models.DateTimeField(null=True, blank=True)
     stop_reason = models.CharField(max_length=32, blank=True)  # CANCELLED, PREEMPTED, IDLE_TIMEOUT, TIME_LIMIT
     stop_grace_s = models.PositiveIntegerField(default=60)
+    # The agent's words on why it could not run the job (IMAGE_PULL: which image, and what the registry said).
+    stop_message = models.TextField(blank=True)
     last_checkpoint_at = models.DateTimeField(null=True, blank=True)
     # CI retries: the same (user, key) never makes two jobs
     idempotency_key = models.CharField(max_length=128, null=True, blank=True)

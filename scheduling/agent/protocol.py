@@ -370,8 +370,14 @@ STATUS = Obj(
         "ended_at": Prop(OPT_TIME),
         "notebook_url": Prop(Str(700, nullable=True)),
         "stop_cause": Prop(
-            Str(32, nullable=True, choices=("stop", "fenced", "time_limit", "portal_unreachable", "agent_lost", "node_fault"))
+            Str(
+                32,
+                nullable=True,
+                choices=("stop", "fenced", "time_limit", "portal_unreachable", "agent_lost", "node_fault", "image_pull"),
+            )
         ),
+        # The agent's own one-line reason, where it gave the task one (a failed image pull: what failed and why).
+        "message": Prop(Str(1000, nullable=True)),
         "checkpoint_time": Prop(OPT_TIME),
         "clock_offset_s": Prop(CLOCK_OFFSET),
     }

@@ -155,6 +155,7 @@ class JobOut(serializers.ModelSerializer[Any]):
             "id", "name", "kind", "state", "team", "user", "tier", "replicas", "gpus_per_replica", "gpus", "gpu_type",
             "priority", "leaf_locality", "one_fabric", "one_per_node", "cpus_per_replica", "memory_mb_per_replica", "attempt",
             "submitted_at", "started_at", "ended_at", "pending_reason", "estimated_start", "locality", "borrowed", "exit_code",
+            "image",
         ]  # fmt: skip
 
 
@@ -189,7 +190,8 @@ class JobDetailOut(JobOut):
         fields = [
             *JobOut.Meta.fields,
             "command", "env", "time_limit_s", "checkpoint_dir", "reservation_domain", "leaves_spanned",
-            "stop_requested_at", "stop_reason", "last_checkpoint_at", "tasks", "events", "notebook_url",
+            "stop_requested_at", "stop_reason", "stop_message", "last_checkpoint_at", "tasks", "events", "notebook_url",
+            "container_mounts", "container_workdir",
         ]  # fmt: skip
 
     def get_tasks(self, job: Job) -> list[dict[str, Any]]:

@@ -29,6 +29,11 @@ class Migration(migrations.Migration):
             name="image",
             field=models.CharField(blank=True, max_length=512),
         ),
+        migrations.AddField(
+            model_name="job",
+            name="stop_message",
+            field=models.TextField(blank=True),
+        ),
         migrations.CreateModel(
             name="RegistryCredential",
             fields=[

@@ -60,7 +60,9 @@ def job_transition(
     return job
 
 
-STOP_REASONS = ("CANCELLED", "PREEMPTED", "IDLE_TIMEOUT", "TIME_LIMIT", "RANK_FAILED", "NODE_LOST", "NODE_FAULT")
+# IMAGE_PULL: a node could not pull the job's container image (no such image, credentials refused, registry
+# unreachable or not allowed): the job fails, never retried, as another attempt would fail the same way.
+STOP_REASONS = ("CANCELLED", "PREEMPTED", "IDLE_TIMEOUT", "TIME_LIMIT", "RANK_FAILED", "NODE_LOST", "NODE_FAULT", "IMAGE_PULL")
 # A gang that lost a node cannot go on: its other ranks get a short grace (their checkpoint is the last one).
 NODE_LOST_GRACE_S = 10
 MAX_REPLICAS = 1024

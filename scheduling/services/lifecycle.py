@@ -113,6 +113,7 @@ def job_requeue(*, job: Job, reason: str, actor_label: str) -> Job:
         exit_code=None,
         stop_requested_at=None,
         stop_reason="",
+        stop_message="",
         locality="",
         leaves_spanned=0,
         borrowed=False,
@@ -271,6 +272,10 @@ def _settle(job: Job) -> None:
     elif reason in ("CANCELLED", "IDLE_TIMEOUT"):
         why = "cancelled" if reason == "CANCELLED" else "idle timeout: the notebook held GPUs unused"
         job_transition(job=job, to=JobState.CANCELLED, reason=why, actor_label="scheduler", exit_code=exit_code)
+    elif reason == "IMAGE_PULL":
+        # Not requeued: the registry would answer the next attempt as it answered this one.
+        why = job.stop_message or "a node could not pull the job's image"
+        job_transition(job=job, to=JobState.FAILED, reason=why, actor_label="scheduler", exit_code=exit_code)
     elif reason == "TIME_LIMIT":
         job_transition(
             job=job,

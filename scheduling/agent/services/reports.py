@@ -189,6 +189,7 @@ class StatusReport:
     notebook_url: str | None = None
     stop_cause: str | None = None  # why the agent stopped it on its own account (docs/agent-api.md)
     checkpoint_time: float | None = None  # the newest checkpoint, read after the workload exited
+    message: str | None = None  # the agent's one-line reason (a failed image pull), for the job's events
 
 
 def status_from(data: dict[str, Any]) -> StatusReport:

@@ -37,11 +37,13 @@ _AGENT_STOP_REASONS = {
     "portal_unreachable": "PREEMPTED",
     "agent_lost": "PREEMPTED",
     "node_fault": "NODE_FAULT",
+    "image_pull": "IMAGE_PULL",
 }
 _AGENT_STOP_NOTES = {
     "TIME_LIMIT": "the agent stopped it past its time limit",
     "PREEMPTED": "its agent lost the portal",
     "NODE_FAULT": "its node could not start it",
+    "IMAGE_PULL": "its node could not pull the image",
 }
 
 
@@ -95,6 +97,11 @@ def task_report_status(*, node: Node, task_id: int, report: StatusReport) -> Tas
         note = _AGENT_STOP_NOTES[stop_reason]
         if stop_reason == "NODE_FAULT" and node.disk_problem:
             note = f"{note}: {node.disk_problem}"
+        if stop_reason == "IMAGE_PULL":
+            # The agent's line names the image and what the registry said; it is the job's page's and API's
+            # stop_message, and the reason of its FAILED event.
+            note = f"node {node.name}: {report.message or note}"
+            Job.objects.filter(pk=task.job_id, stop_message="").update(stop_message=note)
         scheduling_services.job_request_stop(job=task.job, reason=stop_reason, actor_label=f"agent {node.name}", note=note)
         task.refresh_from_db()
     return scheduling_services.task_mark_exited(
