@@ -16,7 +16,8 @@ from collections.abc import Callable
 from operator import itemgetter
 from typing import NamedTuple
 
-from scheduling.core.index import NODE, FreeState
+from scheduling.core.free_state import FreeState
+from scheduling.core.index import NODE
 from scheduling.core.placement import find_job
 from scheduling.core.placement_fit import Fit
 from scheduling.core.types import PendingJob

@@ -30,7 +30,8 @@ from itertools import accumulate
 
 from scheduling.core import admission, reasons
 from scheduling.core.backfill import Release, earliest_fit
-from scheduling.core.index import FreeState, TopoIndex, carried, topo_index
+from scheduling.core.free_state import FreeState
+from scheduling.core.index import TopoIndex, carried, topo_index
 from scheduling.core.placement import keep_in_leaf
 from scheduling.core.plan import plan
 from scheduling.core.quota import QuotaState

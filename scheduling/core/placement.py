@@ -21,7 +21,8 @@ the search over nodes with room, and the leaf rule (``keep_in_leaf``). The searc
 
 from __future__ import annotations
 
-from scheduling.core.index import NODE, FreeState, TopoIndex
+from scheduling.core.free_state import FreeState
+from scheduling.core.index import NODE, TopoIndex
 from scheduling.core.placement_fit import Fit
 
 # ``_single_node`` is looked up here, not in ``placement_node``, so that the tests that swap the fast

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from scheduling.core.index import FreeState, TopoIndex
+from scheduling.core.free_state import FreeState
+from scheduling.core.index import TopoIndex
 from scheduling.core.types import Locality, Placement
 
 Replica = tuple[int, tuple[int, ...]]  # (node index, GPU positions on that node)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from scheduling.core.index import NODE, NVLINK, PCIE, FreeState
+from scheduling.core.free_state import FreeState
+from scheduling.core.index import NODE, NVLINK, PCIE
 from scheduling.core.placement_fit import Fit
 from scheduling.core.types import Locality
 

@@ -7,7 +7,8 @@ Apart from ``placement`` (the entry point, which sends a gang here when no node 
 
 from __future__ import annotations
 
-from scheduling.core.index import NODE, NVLINK, FreeState
+from scheduling.core.free_state import FreeState
+from scheduling.core.index import NODE, NVLINK
 from scheduling.core.placement_fit import Fit, Replica
 from scheduling.core.placement_node import _take_grouped
 from scheduling.core.types import Locality

@@ -12,7 +12,8 @@ from operator import itemgetter
 
 from scheduling.core import atrisk, reasons
 from scheduling.core.backfill import Release, earliest_fit
-from scheduling.core.index import FreeState, TopoIndex, carried, topo_index
+from scheduling.core.free_state import FreeState
+from scheduling.core.index import TopoIndex, carried, topo_index
 from scheduling.core.locality import LeafChooser
 from scheduling.core.placement import find_job
 from scheduling.core.placement_fit import Fit, take_fit

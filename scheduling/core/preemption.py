@@ -23,7 +23,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Mapping
 
-from scheduling.core.index import NODE, FreeState
+from scheduling.core.free_state import FreeState
+from scheduling.core.index import NODE
 from scheduling.core.placement import find_job
 from scheduling.core.types import PendingJob, RunningJob, Tier
 from scheduling.core.victim_prefix import PrefixSearch

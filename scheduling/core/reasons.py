@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from scheduling.core.index import NODE, UNLIMITED, FreeState, TopoIndex
+from scheduling.core.free_state import FreeState
+from scheduling.core.index import NODE, UNLIMITED, TopoIndex
 
 
 def job_label(job_id: str, name: str = "") -> str:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Iterator
 
-from scheduling.core.index import NODE, FreeState
+from scheduling.core.free_state import FreeState
+from scheduling.core.index import NODE
 from scheduling.core.placement import find_job
 from scheduling.core.types import PendingJob
 from scheduling.core.victims import Candidate, Loc, Reclaim, VictimSearch

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from operator import itemgetter
 from typing import NamedTuple
 
-from scheduling.core.index import NODE, FreeState, TopoIndex
+from scheduling.core.free_state import FreeState
+from scheduling.core.index import NODE, TopoIndex
 from scheduling.core.placement_fit import Fit
 from scheduling.core.types import Config, PendingJob, RunningJob, Tier
 

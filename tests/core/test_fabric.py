@@ -4,7 +4,8 @@ for it stay inside one domain too."""
 
 from dataclasses import replace
 
-from scheduling.core.index import FreeState, TopoIndex
+from scheduling.core.free_state import FreeState
+from scheduling.core.index import TopoIndex
 from scheduling.core.placement import find
 from scheduling.core.plan import plan
 from scheduling.core.testing import gpu_ids, node, quota_tree, running, snapshot

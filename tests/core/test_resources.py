@@ -132,7 +132,8 @@ def test_the_bucket_search_past_short_nodes_picks_what_the_scan_over_nodes_with_
     # random clusters where running work holds random cores: the same fit, or both none.
     import random
 
-    from scheduling.core.index import FreeState, carried, topo_index
+    from scheduling.core.free_state import FreeState
+    from scheduling.core.index import carried, topo_index
     from scheduling.core.placement import _room
     from scheduling.core.placement_node import _single_node_buckets, _single_node_res
 

@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduling.core import backfill, placement
-from scheduling.core.index import NODE, NVLINK, PCIE, FreeState
+from scheduling.core.free_state import FreeState
+from scheduling.core.index import NODE, NVLINK, PCIE
 from scheduling.core.placement_fit import Fit
 from scheduling.core.placement_node import _pick_in_domain
 from scheduling.core.plan import _Planner, plan
