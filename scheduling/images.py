@@ -55,10 +55,11 @@ def _registry(text: str, ref: str) -> str:
     host, colon, port = text.rpartition(":") if not text.endswith("]") else (text, "", "")
     if not colon:
         host, port = text, ""
+    where = f"{ref!r}: " if ref != text else ""
     if not _HOST.fullmatch(host):
-        raise ImageError(f"{ref!r}: {text!r} is not a registry host name")
+        raise ImageError(f"{where}{text!r} is not a registry host name")
     if colon and not (port.isdigit() and 1 <= int(port) <= 65535):
-        raise ImageError(f"{ref!r}: the registry's port must be a number from 1 to 65535")
+        raise ImageError(f"{where}the registry's port must be a number from 1 to 65535")
     registry = text.lower()
     return DOCKER_HUB if registry in _HUB_ALIASES else registry
 
@@ -98,6 +99,14 @@ def parse_image(text: str) -> ImageRef:
                 f"{ref!r}: {component!r} is not a repository name part (lower-case letters, digits, and . _ - between them)"
             )
     return ImageRef(registry=registry, repository=path, tag=tag or (None if at else "latest"), digest=digest or None)
+
+
+def parse_registry(text: str) -> str:
+    """A registry as a credential or an allow-list names it (host[:port]), normalised; raises ImageError."""
+    value = text.strip() if isinstance(text, str) else ""
+    if not value or len(value) > 255 or "/" in value or any(c.isspace() for c in value):
+        raise ImageError(f"Name a registry as host[:port], e.g. nvcr.io or registry.corp:5000, not {value[:80]!r}")
+    return _registry(value, value)
 
 
 def registry_allowed(registry: str, allow: Iterable[str]) -> bool:

@@ -6,7 +6,7 @@ authenticated channel). The portal keeps that URL without the token and with the
 
     http://10.1.4.17:41873/notebooks/42/lab/#sealed-token=v1.<base64>
 
-Sealed with AES-SIV (RFC 5297, ``cryptography``) under a key derived from SECRET_KEY: authenticated
+Sealed with AES-SIV (scheduling/sealed.py) under a key derived from SECRET_KEY: authenticated
 (a changed value fails to open), and deterministic, so the same token reported in every heartbeat
 seals to the same text and the heartbeat writes nothing when nothing changed. Only the notebook proxy
 (portal/notebook_proxy.py) opens it, to add the token to the requests it forwards; the browser never
@@ -15,40 +15,21 @@ sees it. A key in SECRET_KEY_FALLBACKS still opens what was sealed before a rota
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESSIV
-from django.conf import settings
+from scheduling.sealed import open_sealed, seal
 
 MARK = "#sealed-token=v1."
 _PURPOSE = b"yardmaster notebook token v1"
 
 
-def _key(secret: str) -> bytes:
-    return hmac.new(secret.encode(), _PURPOSE, hashlib.sha512).digest()  # 64 bytes: AES-256-SIV
-
-
 def _seal(token: str) -> str:
-    sealed = AESSIV(_key(settings.SECRET_KEY)).encrypt(token.encode(), [_PURPOSE])
-    return base64.urlsafe_b64encode(sealed).decode().rstrip("=")
+    return seal(token, purpose=_PURPOSE)
 
 
 def _open(text: str) -> str | None:
-    try:
-        sealed = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-    except ValueError:
-        return None
-    for secret in [settings.SECRET_KEY, *getattr(settings, "SECRET_KEY_FALLBACKS", [])]:
-        try:
-            return AESSIV(_key(secret)).decrypt(sealed, [_PURPOSE]).decode()
-        except (InvalidTag, ValueError):
-            continue
-    return None
+    return open_sealed(text, purpose=_PURPOSE)
 
 
 def seal_url(url: str | None) -> str | None:

@@ -34,6 +34,7 @@ from scheduling.models import (
     Task,
     XidEvent,
 )
+from scheduling.registry_credentials import credential_for_image
 from scheduling.states import TASK_LIVE_STATES, TaskState
 from tenants.services import audit
 
@@ -331,6 +332,7 @@ _TASK_FIELDS = (
     "job__env", "job__checkpoint_dir", "job__time_limit_s",
     "job__stop_requested_at", "job__stop_reason", "job__stop_grace_s", "job__last_checkpoint_at", "job__attempt",
     "job__state", "job__user_id", "job__user__id", "job__user__username",
+    "job__team_id", "job__image", "job__container_mounts", "job__container_workdir",
 )  # fmt: skip
 
 
@@ -472,7 +474,7 @@ def task_spec(task: Task, nodes: Sequence[tuple[str, str]] | None = None) -> dic
     ``nodes``: the gang's nodes in rank order (``gang_nodes``); none: this task's node alone."""
     job = task.job
     stopping = job.stop_requested_at is not None or task.state == TaskState.STOPPING
-    return {
+    spec: dict[str, object] = {
         "task_id": task.pk,
         "job_id": job.pk,
         "attempt": task.attempt,
@@ -503,4 +505,19 @@ def task_spec(task: Task, nodes: Sequence[tuple[str, str]] | None = None) -> dic
         "stop_reason": (job.stop_reason or "stop requested") if stopping else None,
         # The portal has recorded the task as started: the agent need not report its start again.
         "started": task.state != TaskState.ASSIGNED,
+    }
+    if job.image:  # a host job's spec has no "container" entry, as before images existed
+        spec["container"] = _container_spec(job, launching=task.state == TaskState.ASSIGNED and not stopping)
+    return spec
+
+
+def _container_spec(job: Job, *, launching: bool) -> dict[str, object]:
+    """The job's image for the agent (docs/containers.md). The team's registry
+    credential is opened only for a task the agent may be about to launch (it asks the registry at
+    launch only), so a running task's heartbeats never carry, or cost, a password."""
+    return {
+        "image": job.image,
+        "mounts": [dict(m) for m in job.container_mounts or []],
+        "workdir": job.container_workdir or None,
+        "auth": credential_for_image(team_id=job.team_id, image=job.image) if launching else None,
     }
