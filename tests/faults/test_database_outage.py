@@ -33,10 +33,13 @@ SHORT = {
     "YARD_CYCLE_INTERVAL_S": "1",
 }
 OUTAGE_S = 45.0
-# A slow or half-open database answers each heartbeat only after its budget (about a second here), so
-# the agents hear "unavailable" every second or two rather than every half second: there stop-after
-# is 10 s (node-down 24 s, still past the late-loss bound), and 45 s of it is 4.5 x stop-after.
-SLOW = {**SHORT, "YARD_AGENT_STOP_AFTER_S": "10", "YARD_NODE_DOWN_S": "24"}
+# A slow or half-open database answers each heartbeat only after its budget (about two seconds here),
+# and a query in flight when the budget ends still takes its round trip: a heartbeat may outlast the
+# agent's 2.8 s timeout, and on two loaded cores (CI: four test workers) a few did in a row. So there
+# stop-after is 16 s (as production's 120 s, over five HTTP timeouts; node-down 32 s, still past the
+# late-loss bound) and the outage 60 s (1.9 x node-down, 3.75 x stop-after).
+SLOW = {**SHORT, "YARD_AGENT_STOP_AFTER_S": "16", "YARD_NODE_DOWN_S": "32"}
+SLOW_OUTAGE_S = 60.0
 
 
 def _get(url: str, token: str | None = None) -> tuple[int, dict[str, str], dict[str, object]]:
@@ -93,13 +96,13 @@ FAULTS = {
 
 @pytest.mark.parametrize("fault", list(FAULTS))
 def test_a_database_outage_twice_the_node_down_timeout_loses_no_node_and_no_job(fault: str) -> None:
-    """Cut, slow or half-open for 45 s (cut: 2.25 x node-down, 7.5 x the agents' stop-after; slow or
-    half-open: 1.9 x and 4.5 x): the agents hear "unavailable" in time (a heartbeat waits on the
+    """Cut for 45 s (2.25 x node-down, 7.5 x the agents' stop-after), slow or half-open for 60 s (1.9 x
+    and 3.75 x): the agents hear "unavailable" in time (a heartbeat waits on the
     database within its budget, portal/middleware.py) and keep their work."""
     host, port = "127.0.0.1", int(PG.rsplit(":", 1)[1].split("/")[0])
     with TcpProxy(target=(host, port)) as proxy:
         portal_pg = f"postgres://postgres@127.0.0.1:{proxy.port}"
-        timings = SHORT if fault == "cut" else SLOW
+        timings, outage_s = (SHORT, OUTAGE_S) if fault == "cut" else (SLOW, SLOW_OUTAGE_S)
         with Stack(nodes=4, fleets=1, nodes_per_leaf=4, extra_env=timings, portal_pg=portal_pg) as stack:
             stack.wait_ready(timeout=120)
             jobs = [_post_job(stack, f"steady-{i}") for i in range(4)]
@@ -127,7 +130,7 @@ def test_a_database_outage_twice_the_node_down_timeout_loses_no_node_and_no_job(
                 assert headers.get("Retry-After")
                 status, headers, body = _get(stack.url + "/api/v1/jobs", stack.token)
                 assert status == 503 and body.get("code") == "unavailable" and headers.get("Retry-After"), (status, body)
-            time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - cut_at)))
+            time.sleep(max(0.0, outage_s - (time.monotonic() - cut_at)))
             proxy.delay_s = 0.0
             proxy.restore()
             outage = time.monotonic() - cut_at
