@@ -60,7 +60,7 @@ def run(jobs: int, nodes: int) -> None:
     from django.core.management import call_command
     from django.utils import timezone
 
-    from scheduling import cycle
+    from scheduling import cycle, cycle_lease
     from scheduling.core.plan import plan
     from scheduling.models import Job
     from scheduling.selectors import invariant_violations, snapshot_build
@@ -93,14 +93,14 @@ def run(jobs: int, nodes: int) -> None:
     now = timezone.now()
     snapshot = snapshot_build(now=now)
     plan_ = plan(snapshot, now=now.timestamp())
-    lease = cycle.lease_claim()
+    lease = cycle_lease.lease_claim()
     assert lease is not None
     os.environ[cycle.APPLY_PAUSE_ENV] = "0.000001"  # the test hook writes one gang per transaction
     began = time.monotonic()
     one_by_one = cycle.apply_plan(lease=lease, snapshot=snapshot, plan_=plan_, now=now)
     seconds = time.monotonic() - began
     del os.environ[cycle.APPLY_PAUSE_ENV]
-    cycle.lease_release(lease)
+    cycle_lease.lease_release(lease)
     print(f"baseline, one transaction per gang: {len(one_by_one.placed)} placed in {seconds:.2f} s "
           f"({len(one_by_one.placed) / seconds:.0f} placements/s); bulk is {seconds / result.apply_seconds:.1f}x faster")  # fmt: skip
 

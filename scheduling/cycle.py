@@ -1,59 +1,42 @@
 """The scheduling cycle: claim the lease, build the snapshot, call the core, apply its plan.
 
-One cycle at a time cluster-wide, however many workers on however many hosts: the
-``SchedulerLease`` row "cycle" is claimed with a conditional UPDATE that bumps its epoch
-(a fencing token), on PostgreSQL and SQLite alike. Every apply transaction first re-checks
-the epoch with a conditional UPDATE of the lease row, which also locks that row until the
-transaction commits; a claimer's UPDATE waits for that lock. So either a write of the old
-holder commits before the new holder's claim, or it is refused: a paused holder that
-resumes after another took over gets none of its writes accepted.
-
-Placements are written in bulk: a batch of gangs per transaction, a fixed number of statements
+One cycle at a time cluster-wide: the lease and its fencing are in ``cycle_lease``. Placements are
+written in bulk (``cycle_placements``): a batch of gangs per transaction, a fixed number of statements
 per batch (a cycle that places 4,000 one-GPU jobs writes them in about a second), each batch fenced
 by the epoch. A SIGKILL mid-apply leaves whole batches only, so whole gangs only. A batch that fails
 on the allocation or rendezvous-port constraint (its GPUs or port were taken meanwhile: a late write
 of an older holder) is retried gang by gang, so only the gang that conflicts rolls back, whole.
-
-On PostgreSQL the holder also takes a session-level advisory lock: when a holder dies (SIGKILL, a
-lost host), its database session ends and frees the lock at once, so another worker claims the cycle
-at its next tick instead of waiting for the lease to expire. A holder that is only paused keeps its
-session, and the lease (renewed at every write) and its epoch fence it as before.
+Then the preemptions, the pending reasons and the time limits, each under the same fence.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import socket
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import cast
 
-from django.conf import settings
 from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
-from django.db.models import DateTimeField, ExpressionWrapper, F, Q, QuerySet
+from django.db.models import DateTimeField, ExpressionWrapper, F, QuerySet
 from django.utils import timezone
 
 from scheduling.core.eta import with_estimates
 from scheduling.core.plan import plan
-from scheduling.core.types import Locality, Placement, Plan, Preemption, Snapshot
-from scheduling.models import Allocation, Job, JobEvent, Node, SchedulerLease, Task
-from scheduling.selectors import node_name_of, snapshot_build, yard_number
+from scheduling.core.types import Plan, Preemption, Snapshot
+from scheduling.cycle_lease import Lease, LeaseLost, lease_claim, lease_fence, lease_release
+from scheduling.cycle_placements import _PlacementWriter
+from scheduling.models import Job
+from scheduling.selectors import snapshot_build
 from scheduling.services import StaleState, job_request_stop
-from scheduling.states import ACTIVE_STATES, TASK_LIVE_STATES, JobState, TaskState
-from tenants.models import AuditEntry
+from scheduling.states import ACTIVE_STATES, JobState
 from tenants.services import audit
 
 log = logging.getLogger(__name__)
 
-LEASE_NAME = "cycle"
-# pg_advisory_lock key of the cycle: any constant the deployment does not use for something else.
-ADVISORY_KEY = 0x59415244  # "YARD"
+
 # Gangs written per transaction: large enough that 4,000 placements take a few statements each,
 # small enough that one transaction's locks and memory stay modest.
 APPLY_BATCH = 500
@@ -61,27 +44,6 @@ CYCLE_SECONDS_CACHE_KEY = "yard:last_cycle_s"
 
 # Test hook: seconds to sleep between gangs while applying, so a test can SIGKILL a worker mid-apply.
 APPLY_PAUSE_ENV = "YARD_TEST_APPLY_PAUSE_S"
-
-LOCALITY_WORDS = {
-    Locality.NVLINK: "nvlink",
-    Locality.PCIE: "pcie",
-    Locality.NODE: "node",
-    Locality.FABRIC: "fabric",
-    Locality.LEAF: "leaf",
-    Locality.SPINE: "spine",
-    Locality.CLUSTER: "cluster",
-}
-
-
-class LeaseLost(Exception):
-    """Another holder claimed the cycle lease: this holder's writes are refused."""
-
-
-@dataclass(frozen=True)
-class Lease:
-    holder: str
-    epoch: int
-    locked: bool = False  # holds the PostgreSQL session lock too
 
 
 @dataclass
@@ -98,94 +60,6 @@ class CycleResult:
     snapshot_seconds: float = 0.0
     plan_seconds: float = 0.0
     apply_seconds: float = 0.0
-
-
-def _lease_s() -> float:
-    return yard_number("CYCLE_LEASE_S")
-
-
-def _session_lock() -> bool:
-    """Take the cycle's session-level advisory lock (PostgreSQL); True where there is no such thing."""
-    if connection.vendor != "postgresql":
-        return True
-    with connection.cursor() as cursor:
-        # Held by this very session already (another lease of this process is running): the lock is
-        # re-entrant, so taking it again would prove nothing about the other holder.
-        cursor.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() "
-            "AND classid = 0 AND objid = %s AND granted",
-            [ADVISORY_KEY],
-        )
-        if cursor.fetchone()[0]:
-            return False
-        cursor.execute("SELECT pg_try_advisory_lock(%s)", [ADVISORY_KEY])
-        return bool(cursor.fetchone()[0])
-
-
-def _session_unlock() -> None:
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_advisory_unlock(%s)", [ADVISORY_KEY])
-
-
-def lease_claim(*, holder: str | None = None, now: datetime | None = None) -> Lease | None:
-    """Claim the cycle lease if it is free, expired, or its holder's database session is gone; the new
-    epoch fences every earlier holder."""
-    now = now or timezone.now()
-    holder = holder or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    SchedulerLease.objects.get_or_create(name=LEASE_NAME, defaults={"expires_at": now})
-    # The session lock is free when no holder's session is alive: a holder that died (SIGKILL) lost it
-    # with its connection, so its lease no longer needs to run out. Without it (a live holder, maybe
-    # paused), only an expired lease may be taken over.
-    sole = connection.vendor == "postgresql" and _session_lock()
-    try:
-        with transaction.atomic():
-            free = Q(expires_at__lte=now) | Q(holder="")
-            claimed = (
-                SchedulerLease.objects.filter(name=LEASE_NAME)
-                .filter(Q(pk=LEASE_NAME) if sole else free)
-                .update(holder=holder, epoch=F("epoch") + 1, expires_at=now + timedelta(seconds=_lease_s()))
-            )
-            epoch = SchedulerLease.objects.values_list("epoch", flat=True).get(name=LEASE_NAME) if claimed else 0
-    except BaseException:
-        # The claim failed (a database error, an interrupt): a session lock kept by this live connection
-        # would shut every other worker out of the cycle until this process exits.
-        if sole:
-            with contextlib.suppress(Exception):
-                _session_unlock()
-        raise
-    if not claimed:
-        if sole:
-            _session_unlock()
-        return None
-    return Lease(holder=holder, epoch=epoch, locked=sole)
-
-
-def lease_fence(lease: Lease) -> None:
-    """Inside an apply transaction: refuse to write unless ``lease`` still holds the epoch; extend it.
-
-    The conditional UPDATE locks the lease row until the caller's transaction ends, so no new
-    holder can claim in between this check and the writes that follow it.
-    """
-    ok = SchedulerLease.objects.filter(name=LEASE_NAME, holder=lease.holder, epoch=lease.epoch).update(
-        expires_at=timezone.now() + timedelta(seconds=_lease_s())
-    )
-    if not ok:
-        raise LeaseLost(f"lease epoch {lease.epoch} of {lease.holder} was taken over")
-
-
-def lease_release(lease: Lease) -> None:
-    try:
-        SchedulerLease.objects.filter(name=LEASE_NAME, holder=lease.holder, epoch=lease.epoch).update(
-            holder="", expires_at=timezone.now()
-        )
-    finally:  # the lease runs out by itself; the session lock would not
-        if lease.locked:
-            with contextlib.suppress(Exception):
-                _session_unlock()
-
-
-# --------------------------------------------------------------------------- the cycle
 
 
 def run_cycle_once(*, now: datetime | None = None) -> CycleResult:
@@ -271,183 +145,6 @@ def apply_plan(*, lease: Lease, snapshot: Snapshot, plan_: Plan, now: datetime) 
         lease_fence(lease)
         result.reasons_updated = _apply_reasons(plan_, placed=set(result.placed) | set(writer.skipped))
     return result
-
-
-def master_address(node: Node) -> str:
-    """Where a gang whose rank 0 runs on ``node`` meets (MASTER_ADDR): the node's address, or its name
-    when it has none. Rendezvous ports are unique per such address."""
-    return node.address or node.name
-
-
-class _PlacementWriter:
-    """Writes placements in bulk: per batch a fixed number of statements, whatever its size."""
-
-    def __init__(self, *, snapshot: Snapshot, placements: tuple[Placement, ...], now: datetime) -> None:
-        self.now = now
-        self.gpu_index = {g.id: g.index for n in snapshot.topology.nodes for g in n.gpus}
-        names = {name for p in placements for name in p.nodes}
-        # A core node name may stand for one node's MIG instances of one type ("n1~H100.1g.10gb").
-        rows = {n.name: n for n in Node.objects.select_related("leaf").filter(name__in={node_name_of(x) for x in names})}
-        self.nodes = {name: rows[node_name_of(name)] for name in names if node_name_of(name) in rows}
-        low, high = cast(tuple[int, int], settings.YARD["RENDEZVOUS_PORTS"])
-        self.ports = range(low, high + 1)
-        self.skipped: dict[int, str] = {}  # job id -> why it was not written (no free rendezvous port)
-
-    def write(self, gangs: list[Placement] | tuple[Placement, ...]) -> list[int]:
-        ids = [int(p.job_id) for p in gangs]
-        # Locked in id order, as every service locks jobs; only those still PENDING (not cancelled or
-        # placed by an older cycle since the snapshot).
-        jobs = {j.pk: j for j in Job.objects.select_for_update().filter(pk__in=ids, state=JobState.PENDING).order_by("pk")}
-        gangs = [p for p in gangs if int(p.job_id) in jobs]
-        if not gangs:
-            return []
-        ports = self._ports(gangs, jobs)
-        gangs = [p for p in gangs if int(p.job_id) in ports]
-        tasks: list[Task] = []
-        events: list[JobEvent] = []
-        audits: list[AuditEntry] = []
-        for p in gangs:
-            job = jobs[int(p.job_id)]
-            leaf_names = sorted({self.nodes[n].leaf.name for n in p.nodes})
-            node_names = list(dict.fromkeys(p.nodes))
-            locality = LOCALITY_WORDS[p.locality]
-            where = f"placed on {', '.join(leaf_names)} (nodes {', '.join(node_names)}, locality {locality})"
-            if p.borrowed:
-                where += "; runs on borrowed quota (reclaimable)"
-            events.append(
-                JobEvent(
-                    job=job,
-                    time=self.now,
-                    attempt=job.attempt,
-                    from_state=JobState.PENDING,
-                    to_state=JobState.STARTING,
-                    reason=where,
-                    actor_label="scheduler",
-                )
-            )
-            job.state, job.state_changed_at = JobState.STARTING, self.now
-            job.locality, job.leaves_spanned, job.borrowed = locality, p.leaves, p.borrowed
-            job.pending_reason, job.estimated_start, job.reservation_domain = "", None, ""
-            master = self.nodes[p.nodes[0]]
-            for rank, (gpu_ids, node_name) in enumerate(zip(p.replicas, p.nodes, strict=True)):
-                tasks.append(
-                    Task(
-                        job=job,
-                        attempt=job.attempt,
-                        rank=rank,
-                        node=self.nodes[node_name],
-                        state=TaskState.ASSIGNED,
-                        master_addr=master_address(master),
-                        master_port=ports[job.pk],
-                        gpu_indices=sorted(self.gpu_index[g] for g in gpu_ids),
-                        created_at=self.now,
-                    )
-                )
-            audits.append(
-                AuditEntry(
-                    time=self.now,
-                    actor_label="scheduler",
-                    action="job.place",
-                    object_type="job",
-                    object_id=str(job.pk),
-                    unit_id=job.team_id,
-                    message=where,
-                    data={
-                        "attempt": job.attempt,
-                        "nodes": node_names,
-                        "gpus": [list(r) for r in p.replicas],
-                        "port": ports[job.pk],
-                    },
-                )
-            )
-        # One UPDATE per kind of placement (what differs between gangs is their locality and borrowing;
-        # the rest is the same for all), rather than a CASE over every row.
-        kinds: dict[tuple[str, int, bool], list[int]] = {}
-        for p in gangs:
-            job = jobs[int(p.job_id)]
-            kinds.setdefault((job.locality, job.leaves_spanned, job.borrowed), []).append(job.pk)
-        for (locality, leaves, borrowed), ids in kinds.items():
-            Job.objects.filter(pk__in=ids).update(
-                state=JobState.STARTING,
-                state_changed_at=self.now,
-                locality=locality,
-                leaves_spanned=leaves,
-                borrowed=borrowed,
-                pending_reason="",
-                estimated_start=None,
-                reservation_domain="",
-            )
-        JobEvent.objects.bulk_create(events)
-        Task.objects.bulk_create(tasks)
-        by_rank = {(t.job_id, t.rank): t for t in tasks}
-        Allocation.objects.bulk_create(
-            Allocation(
-                gpu_id=int(g),
-                task=by_rank[(int(p.job_id), rank)],
-                job_id=int(p.job_id),
-                attempt=jobs[int(p.job_id)].attempt,
-                allocated_at=self.now,
-                borrowed=p.borrowed,
-            )
-            for p in gangs
-            for rank, gpu_ids in enumerate(p.replicas)
-            for g in gpu_ids
-        )
-        AuditEntry.objects.bulk_create(audits)
-        return [int(p.job_id) for p in gangs]
-
-    def _ports(self, gangs: list[Placement], jobs: dict[int, Job]) -> dict[int, int]:
-        """A rendezvous port per gang, free among the live gangs at its rank-0 address; the port of the
-        job's previous attempt when it is still free there (a requeued job keeps its MASTER_PORT if it can).
-
-        Per address, not per node: the rendezvous store binds every interface, so nodes that share an
-        address (simulated nodes on one host, or one host registered twice) share one port space. A port
-        counts as taken at an address when a live rank 0 was given it at that address, or runs on a node
-        that has that address now (its address changed since it was placed)."""
-        masters = {int(p.job_id): self.nodes[p.nodes[0]] for p in gangs}
-        addrs = {job_id: master_address(node) for job_id, node in masters.items()}
-        wanted_addrs = set(addrs.values())
-        # The nodes at those addresses now, and the masters themselves (their address may have changed).
-        node_addr = {n.pk: master_address(n) for n in masters.values()}
-        for pk, address, name in Node.objects.filter(Q(address__in=wanted_addrs) | Q(name__in=wanted_addrs)).values_list(
-            "pk", "address", "name"
-        ):
-            node_addr.setdefault(pk, address or name)
-        taken: dict[str, set[int]] = {}
-        live = Task.objects.filter(
-            Q(master_addr__in=wanted_addrs) | Q(node_id__in=set(node_addr)),
-            rank=0,
-            state__in=TASK_LIVE_STATES,
-            master_port__isnull=False,
-        ).values_list("master_addr", "node_id", "master_port")
-        for addr, node_id, port in live:
-            if port is not None:
-                taken.setdefault(addr, set()).add(port)
-                if node_id in node_addr:
-                    taken.setdefault(node_addr[node_id], set()).add(port)
-        previous = dict(
-            Task.objects.filter(job_id__in=list(masters), rank=0, master_port__isnull=False)
-            .order_by("job_id", "attempt")
-            .values_list("job_id", "master_port")
-        )  # the last attempt's port wins (ordered by attempt)
-        chosen: dict[int, int] = {}
-        for job_id, addr in addrs.items():
-            used = taken.setdefault(addr, set())
-            wanted = previous.get(job_id)
-            port = wanted if wanted is not None and wanted in self.ports and wanted not in used else None
-            if port is None:
-                port = next((q for q in self.ports if q not in used), None)
-            if port is None:
-                self.skipped[job_id] = (
-                    f"waiting for a free rendezvous port at {addr} (rank-0 node {masters[job_id].name}): all of "
-                    f"{self.ports.start}-{self.ports.stop - 1} are in use by live jobs there (YARD_RENDEZVOUS_PORTS)"
-                )
-                continue
-            used.add(port)
-            chosen[job_id] = port
-        for job_id, why in self.skipped.items():
-            Job.objects.filter(pk=job_id, state=JobState.PENDING).update(pending_reason=why)
-        return chosen
 
 
 def _apply_preemption(preemption: Preemption) -> bool:

@@ -54,7 +54,7 @@ class Locality(IntEnum):
     PCIE = 1  # one PCIe switch (no common NVLink domain)
     NODE = 2  # one node
     # Several nodes of one multi-node NVLink domain (``Node.fabric``). Placed between NODE and LEAF, and the
-    # levels above renumbered: nothing persists the integers (the portal stores words, ``cycle.LOCALITY_WORDS``).
+    # levels above renumbered: nothing persists the integers (the portal stores words, ``cycle_placements.LOCALITY_WORDS``).
     FABRIC = 3
     LEAF = 4  # several nodes under one leaf switch
     SPINE = 5  # several leaves under one spine

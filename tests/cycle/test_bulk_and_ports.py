@@ -11,9 +11,10 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from scheduling import cycle
+from scheduling import cycle_lease
 from scheduling.core.plan import plan
-from scheduling.cycle import apply_plan, lease_claim, lease_release, run_cycle_once
+from scheduling.cycle import apply_plan, run_cycle_once
+from scheduling.cycle_lease import lease_claim, lease_release
 from scheduling.models import Allocation, Job, Node, Task
 from scheduling.selectors import invariant_violations, snapshot_build
 from scheduling.services import JobSpec, job_request_stop, job_submit, task_mark_exited
@@ -139,7 +140,7 @@ def test_a_holder_whose_session_is_gone_frees_the_cycle_at_once(org, ann, nodes,
     # A key of this test's own: the mechanism is what is tested, and no other session of the suite
     # (a live server's thread, an earlier test's connection) can hold it.
     key = 0x59410000 + os.getpid() % 0xFFFF
-    monkeypatch.setattr(cycle, "ADVISORY_KEY", key)
+    monkeypatch.setattr(cycle_lease, "ADVISORY_KEY", key)
     s = connection.settings_dict
     dead = psycopg.connect(
         host=s["HOST"] or "127.0.0.1", port=s["PORT"] or 5432, user=s["USER"], dbname=s["NAME"], autocommit=True
@@ -165,7 +166,7 @@ def test_a_claim_that_fails_midway_gives_its_session_lock_back(org, ann, nodes, 
         pytest.skip("session locks are PostgreSQL's")
     from django.db.models.query import QuerySet
 
-    monkeypatch.setattr(cycle, "ADVISORY_KEY", 0x59420000 + os.getpid() % 0xFFFF)  # this test's own key
+    monkeypatch.setattr(cycle_lease, "ADVISORY_KEY", 0x59420000 + os.getpid() % 0xFFFF)  # this test's own key
 
     def broken(self, **kwargs):
         raise DatabaseError("the database went away mid-claim")

@@ -7,7 +7,8 @@ import pytest
 from django.utils import timezone
 
 from scheduling.core.plan import plan
-from scheduling.cycle import LeaseLost, apply_plan, lease_claim, lease_release, run_cycle_once
+from scheduling.cycle import apply_plan, run_cycle_once
+from scheduling.cycle_lease import LeaseLost, lease_claim, lease_release
 from scheduling.models import Allocation, Job, SchedulerLease, Task
 from scheduling.selectors import invariant_violations, snapshot_build
 from scheduling.services import QUEUED, JobSpec, job_submit, task_mark_running
