@@ -65,8 +65,8 @@ def credential_set(*, actor: User, unit: OrgUnit, registry: str, username: str, 
         host = images.parse_registry(registry)
     except images.ImageError as exc:
         errors["registry"] = [str(exc)]
-    if not username or len(username) > 255 or any(c in username for c in "\x00\n\r"):
-        errors["username"] = ["Give the registry's user name, at most 255 characters on one line"]
+    if not username.strip() or len(username) > 255 or "\x00" in username:
+        errors["username"] = ["Give the registry's user name, at most 255 characters"]
     if not password or len(password) > MAX_PASSWORD or "\x00" in password:
         errors["password"] = [f"Give the password or access token, at most {MAX_PASSWORD} characters"]
     if errors:

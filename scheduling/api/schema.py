@@ -31,7 +31,7 @@ class ApiTokenScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped
 NO_NUL = "^[^\\u0000]*$"
 NOT_BLANK = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"
 ENV_NAME = "^[A-Za-z_][A-Za-z0-9_]{0,127}$"
-INPUT_COMPONENTS = ("JobSubmitIn", "NotebookSubmitIn", "JobFileIn")
+INPUT_COMPONENTS = ("JobSubmitIn", "NotebookSubmitIn", "JobFileIn", "CredentialIn")
 
 
 def _text_rules(schema: dict[str, Any], *, required: bool) -> None:

@@ -2,7 +2,7 @@
 
 from django.urls import URLPattern, URLResolver, path
 
-from scheduling.api import views
+from scheduling.api import registry, views
 
 app_name = "api"
 urlpatterns: list[URLPattern | URLResolver] = [
@@ -19,4 +19,6 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("teams/<int:pk>/quota", views.TeamQuotaView.as_view(), name="team-quota"),
     path("me", views.MeView.as_view(), name="me"),
     path("me/quota", views.MyQuotaView.as_view(), name="me-quota"),
+    path("registry-credentials", registry.RegistryCredentialListCreateView.as_view(), name="registry-credentials"),
+    path("registry-credentials/<int:pk>", registry.RegistryCredentialDetailView.as_view(), name="registry-credential"),
 ]

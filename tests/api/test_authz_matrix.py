@@ -9,7 +9,7 @@ import pytest
 from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 
-from scheduling.models import Allocation, Job, JobEvent, JobKind, Task, TaskLogChunk
+from scheduling.models import Allocation, Job, JobEvent, JobKind, RegistryCredential, Task, TaskLogChunk
 from scheduling.states import JobState
 from tenants.models import ApiToken, AuditEntry, Membership, OrgUnit, Quota
 from tests.api.conftest import session_client, token_client
@@ -26,6 +26,7 @@ class Target:
     notebook: int
     team: int
     team_slug: str
+    credential: int = UNKNOWN
 
 
 @dataclass
@@ -57,6 +58,11 @@ MATRIX: dict[str, Callable[[Target], Call]] = {
     "POST /api/v1/jobs/{id}/rerun": lambda t: Call("post", f"/api/v1/jobs/{t.job}/rerun"),
     "POST /api/v1/jobs/preview": lambda t: Call("post", "/api/v1/jobs/preview", _job_body(t)),
     "GET /api/v1/me/quota": lambda t: Call("get", "/api/v1/me/quota", {"team": t.team_slug}),
+    "GET /api/v1/registry-credentials": lambda t: Call("get", "/api/v1/registry-credentials", {"unit": t.team_slug}),
+    "POST /api/v1/registry-credentials": lambda t: Call(
+        "post", "/api/v1/registry-credentials", {"unit": t.team_slug, "registry": "nvcr.io", "username": "u", "password": "p"}
+    ),
+    "DELETE /api/v1/registry-credentials/{id}": lambda t: Call("delete", f"/api/v1/registry-credentials/{t.credential}"),
 }
 # Operations with no tenant object to aim at: they only ever answer about the caller.
 NO_TENANT_OBJECT = {"GET /api/v1/me"}
@@ -91,6 +97,7 @@ def _fingerprint() -> tuple[Any, ...]:
         Membership.objects.count(),
         ApiToken.objects.filter(revoked_at__isnull=True).count(),
         TaskLogChunk.objects.count(),
+        sorted(RegistryCredential.objects.values_list("id", "username", "password_sealed")),
     )
 
 
@@ -101,7 +108,10 @@ def tenant_b(cast):
     task = Task.objects.create(job=job, attempt=1, rank=0, node=node)
     TaskLogChunk.objects.create(task=task, offset=0, data="secret of tenant B\n")
     notebook = make_job(team=cast.org.team_c, user=cast.bea, kind=JobKind.NOTEBOOK)
-    return Target(job=job.pk, notebook=notebook.pk, team=cast.org.team_c.pk, team_slug=cast.org.team_c.slug)
+    credential = RegistryCredential.objects.create(unit=cast.org.team_c, registry="nvcr.io", username="b", password_sealed="x")
+    return Target(
+        job=job.pk, notebook=notebook.pk, team=cast.org.team_c.pk, team_slug=cast.org.team_c.slug, credential=credential.pk
+    )
 
 
 def test_tenant_a_gets_no_2xx_and_changes_nothing_on_tenant_b_or_unknown_objects(cast, tenant_b):

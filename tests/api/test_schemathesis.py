@@ -43,7 +43,10 @@ pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 EXAMPLES = 25  # per operation and mode: the CI budget
 FUZZ = hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 # What a schema cannot say; a refusal of schema-valid data must name only these.
-DOMAIN_FIELDS = {"team", "checkpoint_dir", "env", "gpu_type", "non_field_errors"}
+# A unit whose registry credentials the caller manages, a registry's port range, an image reference (and the
+# deployment's allow-list), mounts and working directory in the container are the server's to check too.
+DOMAIN_FIELDS = {"team", "checkpoint_dir", "env", "gpu_type", "non_field_errors", "unit", "registry"}
+DOMAIN_FIELDS |= {"image", "container_mounts", "container_workdir"}
 
 
 def positive_data_acceptance_within_the_domain(ctx: Any, response: Any, case: Any) -> bool | None:
