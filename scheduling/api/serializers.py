@@ -6,8 +6,10 @@ from typing import Any
 
 from django.conf import settings
 from django.core.validators import ProhibitNullCharactersValidator
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from scheduling import images
 from scheduling.models import LEAF_LOCALITY_CHOICES, Job, JobEvent, JobKind, Task, Tier
 from scheduling.selectors import can_manage_job
 from scheduling.services import MAX_GPUS_PER_REPLICA, MAX_REPLICAS, MAX_TIME_LIMIT_S
@@ -22,7 +24,78 @@ class TeamRefField(serializers.CharField):
     """A team by id or slug (CI scripts know slugs; the UI knows ids)."""
 
 
-class JobSubmitIn(serializers.Serializer[Any]):
+_MOUNT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "source": {"type": "string", "maxLength": images.MAX_PATH},
+        "target": {"type": "string", "maxLength": images.MAX_PATH},
+        "readonly": {"type": "boolean"},
+    },
+    "required": ["source"],
+}
+
+
+@extend_schema_field(
+    {
+        "oneOf": [
+            {"type": "string", "maxLength": 100_000, "description": "pyxis's SRC:DST[:ro|rw],..."},
+            {"type": "array", "items": {"oneOf": [_MOUNT_SCHEMA, {"type": "string"}]}, "maxItems": images.MAX_MOUNTS},
+        ],
+        "description": "Host paths mounted in the job's container: pyxis's SRC:DST[:ro|rw],... or a list of "
+        "{source, target, readonly}; absolute paths without '..'. Needs an image.",
+    }
+)
+class ContainerMountsField(serializers.Field):  # type: ignore[type-arg]
+    """Mounts as the agent takes them, from a list or from pyxis's --container-mounts text."""
+
+    def to_internal_value(self, data: Any) -> list[dict[str, Any]]:
+        if isinstance(data, str) and len(data) > 100_000:
+            raise serializers.ValidationError("At most 100000 characters")
+        try:
+            return images.parse_mounts(data)
+        except images.ImageError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class ContainerFieldsIn(serializers.Serializer[Any]):
+    """A job's container image, mounts and working directory (docs/containers.md, "What a user writes")."""
+
+    image = serializers.CharField(
+        max_length=images.MAX_REF,
+        allow_blank=True,
+        default="",
+        validators=_NO_NUL,
+        help_text="A container image to run every replica in, e.g. nvcr.io/nvidia/pytorch:24.05-py3 (Docker's "
+        "normalisation: python:3.12 is docker.io/library/python:3.12); empty: on the nodes' own environment",
+    )
+    container_mounts = ContainerMountsField(default=list)
+    container_workdir = serializers.CharField(
+        max_length=images.MAX_PATH,
+        allow_blank=True,
+        default="",
+        validators=_NO_NUL,
+        help_text="The working directory inside the container (absolute); empty: the task's run directory",
+    )
+
+    def validate_image(self, value: str) -> str:
+        if not value.strip():
+            return ""
+        try:
+            return str(images.parse_image(value))
+        except images.ImageError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+    def validate_container_workdir(self, value: str) -> str:
+        try:
+            return images.check_workdir(value)
+        except images.ImageError as exc:
+            raise serializers.ValidationError(str(exc)) from None
+
+
+class JobSubmitIn(ContainerFieldsIn):
     name = serializers.CharField(max_length=200, validators=_NO_NUL)
     team = TeamRefField(max_length=100, validators=_NO_NUL, help_text="Team id or slug")
     tier = serializers.ChoiceField(choices=Tier.choices, default=Tier.RESEARCH)
@@ -78,6 +151,10 @@ class JobSubmitIn(serializers.Serializer[Any]):
 
 class NotebookSubmitIn(serializers.Serializer[Any]):
     name = serializers.CharField(max_length=200, validators=_NO_NUL)
+    # Refused when given (the agent cannot run a notebook in an image yet): said at submission, not on the node.
+    image = serializers.CharField(
+        max_length=images.MAX_REF, allow_blank=True, default="", validators=_NO_NUL, help_text="Not supported yet: leave it out"
+    )
     team = TeamRefField(max_length=100, validators=_NO_NUL, help_text="Team id or slug")
     tier = serializers.ChoiceField(choices=Tier.choices, default=Tier.RESEARCH)
     gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_REPLICA, default=1)

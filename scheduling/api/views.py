@@ -133,6 +133,7 @@ def _spec_from(data: dict[str, Any], *, user: Any, kind: str) -> JobSpec:
             gpus_per_replica=data["gpus"],
             gpu_type=data["gpu_type"],
             time_limit_s=data.get("time_limit_s"),
+            image=data.get("image", ""),  # refused by job_submit: a notebook cannot run in an image yet
         )
     return JobSpec(
         name=data["name"],
@@ -151,6 +152,9 @@ def _spec_from(data: dict[str, Any], *, user: Any, kind: str) -> JobSpec:
         one_per_node=data["one_per_node"],
         cpus_per_replica=data.get("cpus_per_replica"),
         memory_mb_per_replica=data.get("memory_mb_per_replica"),
+        image=data.get("image", ""),
+        container_mounts=data.get("container_mounts", []),
+        container_workdir=data.get("container_workdir", ""),
     )
 
 
