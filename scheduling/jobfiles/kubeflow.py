@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from scheduling import images
 from scheduling.jobfiles.common import (
     OK,
     TIER_WORDS,
@@ -64,7 +65,8 @@ _POD_SPEC_KEYS = {
     "serviceAccountName": "there is no Kubernetes service account on Yardmaster's nodes",
     "serviceAccount": "there is no Kubernetes service account on Yardmaster's nodes",
     "automountServiceAccountToken": "there is no Kubernetes service account on Yardmaster's nodes",
-    "imagePullSecrets": "the image is recorded on the job, not pulled",
+    "imagePullSecrets": "the image is pulled with the team's registry credential (yard registry-credentials, "
+    "/api/v1/registry-credentials), not a Kubernetes Secret",
     "dnsPolicy": "the job uses its node's DNS",
     "hostNetwork": "a job's processes always use their node's network",
     "hostIPC": "a job's processes always share their node's IPC namespace",
@@ -83,12 +85,13 @@ _POD_SPEC_REFUSED = {
     "priorityClassName": "the tier sets priority here: use the yardmaster.io/tier label (1 production, 2 research, 3 spot)",
     "priority": "the tier sets priority here: use the yardmaster.io/tier label (1 production, 2 research, 3 spot)",
     "topologySpreadConstraints": "placement is Yardmaster's: it packs a gang into the fewest leaf switches",
-    "runtimeClassName": "jobs run as processes on their nodes, not in a container runtime",
+    "runtimeClassName": "each node's agent runs containers with the runtime it has (runc): a job cannot choose one",
 }
 _CONTAINER_KEYS = {
     "name": OK, "image": OK, "command": OK, "args": OK, "env": OK, "workingDir": OK, "resources": OK,
     "terminationMessagePath": OK, "terminationMessagePolicy": OK, "stdin": OK, "stdinOnce": OK, "tty": OK,
-    "imagePullPolicy": "the image is recorded on the job, not pulled",
+    "imagePullPolicy": "every launch asks the registry for the image's digest and pulls what the node's cache "
+    "lacks (as Always with a cache; IfNotPresent and Never are not honoured)",
     "ports": "Yardmaster picks each job's rendezvous port (MASTER_PORT) on its rank-0 node",
     "securityContext": "the job runs as its owner's account (or the agent's)",
     "livenessProbe": "a rank is watched as a process: it runs until it exits",
@@ -110,7 +113,7 @@ GPU_RESOURCE = "nvidia.com/gpu"
 _OPERATOR_ENV = (
     "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES",
     "PET_MASTER_ADDR", "PET_MASTER_PORT", "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE",
-    "YARD_JOB_ID", "YARD_ATTEMPT", "YARD_NUM_GPUS", "YARD_CHECKPOINT_DIR", "YARD_WORKDIR", "YARD_IMAGE",
+    "YARD_JOB_ID", "YARD_ATTEMPT", "YARD_NUM_GPUS", "YARD_CHECKPOINT_DIR", "YARD_WORKDIR",
 )  # fmt: skip
 
 
@@ -341,14 +344,19 @@ def translate_manifest(data: Mapping[str, Any], *, kind: str, read_spec: SpecRea
     return out
 
 
-def record_image(image: str | None, env: dict[str, str], out: Translation, place: str) -> None:
-    if image:
-        env["YARD_IMAGE"] = image
-        out.origin.setdefault("env", place)
-        out.warnings.append(
-            f"{place}.image {image!r} is recorded on the job (YARD_IMAGE); the command runs in its nodes' "
-            "environment, so that image's software must be installed there"
-        )
+def record_image(image: str | None, out: Translation, place: str, errors: Errors, *, working_dir: str | None = None) -> None:
+    """The container's image is the job's: every rank runs in it, pulled by the node's agent (docs/containers.md),
+    and an absolute workingDir is where it starts in the container."""
+    if not image:
+        return
+    try:
+        images.parse_image(image)
+    except images.ImageError as exc:
+        errors.add(f"{place}.image", str(exc))
+        return
+    out.set("image", image, f"{place}.image")
+    if working_dir and working_dir.startswith("/"):
+        out.set("container_workdir", working_dir, f"{place}.workingDir")
 
 
 def restart_limit(rank: Rank, backoff: int | None, out: Translation) -> int:
@@ -393,7 +401,7 @@ def container_command(
     if not rank.command:
         errors.add(
             f"{rank.place}.command",
-            "give the command: Yardmaster runs it on the node and cannot run the image's entrypoint",
+            "give the command: Yardmaster runs each rank's command, not an image's entrypoint, from a job file",
         )
         return ""
     defined = set(env) | set(_OPERATOR_ENV)

@@ -111,7 +111,13 @@ def _mpijob(spec: Mapping[str, Any], out: Translation, errors: Errors, *, restar
     program, working_dir = _strip_mpirun([*launcher.command, *launcher.args], launcher, worker.replicas, env, out, errors)
     if not program:
         return
-    record_image(worker.image or launcher.image, env, out, worker.place if worker.image else launcher.place)
+    record_image(
+        worker.image or launcher.image,
+        out,
+        worker.place if worker.image else launcher.place,
+        errors,
+        working_dir=launcher.working_dir,
+    )
     out.set("env", env, f"{launcher.place}.env")
     program_rank = Rank("Launcher", 1, 0, None, program, [], env, working_dir or launcher.working_dir, launcher.place)
     program_rank.restart = launcher.restart

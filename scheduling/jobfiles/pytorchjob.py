@@ -81,7 +81,7 @@ def _pytorchjob(spec: Mapping[str, Any], out: Translation, errors: Errors, *, re
             exports["PET_NPROC_PER_NODE"] = str(nproc)
         else:
             errors.add("spec.nprocPerNode", "a whole number, auto or gpu")
-    record_image(first.image, env, out, first.place)
+    record_image(first.image, out, first.place, errors, working_dir=first.working_dir)
     out.set("env", env, f"{first.place}.env")
     tries = restart_limit(first, restarts, out)
     out.set("command", container_command(first, env, exports, errors, restarts=tries), f"{first.place}.command")

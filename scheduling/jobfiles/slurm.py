@@ -8,6 +8,7 @@ import shlex
 from collections.abc import Sequence
 
 from scheduling.jobfiles.common import ENV_NAME, MAX_FILE_BYTES, TIER_WORDS, Errors, Translation, refuse
+from scheduling.jobfiles.slurm_containers import PYXIS_HONOURED, PYXIS_WARN, Given, read_pyxis
 from scheduling.jobfiles.slurm_options import (
     SLURM_HONOURED,
     SLURM_REFUSED,
@@ -72,8 +73,18 @@ def translate_slurm(script: str, *, gpu_types: Sequence[str] = ()) -> Translatio
     sizes: dict[str, tuple[int, Directive]] = {}  # cpus-per-task, mem-per-gpu, ...: read once the gang is known
     segment: tuple[int, Directive] | None = None  # --segment: read once the node count is known
     whole_node_memory = False  # --mem=0
+    pyxis: dict[str, Given] = {}  # --container-image and its kin (slurm_containers.py)
     for option, d in seen.items():
         value = d.value
+        if option in PYXIS_HONOURED:
+            if value is None:
+                errors.add(d.place, "needs a value")
+            else:
+                pyxis[option] = Given(value, d.place)
+            continue
+        if option in PYXIS_WARN:
+            out.warnings.append(f"{d.place} is ignored: {PYXIS_WARN[option]}")
+            continue
         if option in SLURM_REFUSED:
             errors.add(d.place, f"cannot be honoured: {SLURM_REFUSED[option]}")
             continue
@@ -260,6 +271,7 @@ def translate_slurm(script: str, *, gpu_types: Sequence[str] = ()) -> Translatio
         )
         # Slurm's --nodes=N is N distinct nodes: each replica on a node of its own, never two on one.
         out.set("one_per_node", True, f"#SBATCH --nodes={nodes}")
+    read_pyxis(pyxis, script, out, errors)
     out.warnings.extend(_body_warnings(script))
     errors.raise_any()
     name = job_name or ""

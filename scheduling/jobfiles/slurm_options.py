@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduling.jobfiles.common import Errors, Translation
+from scheduling.jobfiles.slurm_containers import PYXIS_FLAGS
 
 _SBATCH = re.compile(r"^#SBATCH(\s+|$)(.*)$")
 # short option -> long option (sbatch's own)
@@ -20,7 +21,7 @@ _SHORT = {
     "F": "nodefile", "Q": "quiet", "v": "verbose", "S": "core-spec",
 }  # fmt: skip
 _FLAGS = {"exclusive", "requeue", "no-requeue", "wait", "hold", "oversubscribe", "contiguous", "overcommit", "quiet",
-          "verbose", "parsable", "spread-job", "use-min-nodes", "no-kill", "test-only"}  # fmt: skip
+          "verbose", "parsable", "spread-job", "use-min-nodes", "no-kill", "test-only"} | PYXIS_FLAGS  # fmt: skip
 # Accepted with a warning: ignoring them does not change what the job computes.
 SLURM_WARN = {
     "mail-type": "mail about jobs is chosen per person in the portal (Notifications → Preferences), not per job",
@@ -55,7 +56,6 @@ SLURM_WARN = {
     "network": "the job uses its nodes' network",
     "export-file": "the job's variables come from its own env",
     "get-user-env": "the job's variables come from its own env",
-    "container": "the job runs on its nodes' environment",
 }  # fmt: skip
 # Refused: ignoring them would change the result (where, when or how often the job runs, or what it computes).
 SLURM_REFUSED = {
@@ -86,6 +86,8 @@ SLURM_REFUSED = {
     "oversubscribe": "a replica's GPUs are its own",
     "prefer": "node features are not known here",
     "gpu-freq": "GPU clocks are the node's",
+    "container": "an OCI bundle on the nodes cannot be run: name an image with --container-image (pyxis's), "
+    "which each node pulls from its registry",
 }
 SLURM_HONOURED = {
     "job-name", "nodes", "ntasks", "ntasks-per-node", "gpus", "gpus-per-node", "gpus-per-task", "gres", "time",

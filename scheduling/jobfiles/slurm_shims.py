@@ -3,12 +3,15 @@ without Slurm (the agent's variables stand for Slurm's)."""
 
 from __future__ import annotations
 
+from scheduling.jobfiles.slurm_containers import SRUN_VALUE_OPTIONS
+
 SRUN_OPTION_WORDS = " ".join(
     sorted(
         {"-n", "-N", "-c", "-G", "-J", "-o", "-e", "-p", "-t", "-w", "-x", "-m", "-D", "--ntasks", "--nodes",
          "--cpus-per-task", "--gpus", "--gres", "--gpus-per-task", "--ntasks-per-node", "--mpi", "--cpu-bind",
          "--export", "--job-name", "--output", "--error", "--partition", "--time", "--chdir", "--distribution",
-         "--gpus-per-node", "--mem", "--mem-per-cpu", "--mem-per-gpu", "--nodelist", "--exclude", "--label"} - {"--label"}
+         "--gpus-per-node", "--mem", "--mem-per-cpu", "--mem-per-gpu", "--nodelist", "--exclude", "--label",
+         *SRUN_VALUE_OPTIONS} - {"--label"}
     )
 )  # fmt: skip
 

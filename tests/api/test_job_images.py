@@ -91,3 +91,14 @@ def test_the_same_idempotency_key_with_another_image_is_a_conflict(cast, nodes):
     assert client.post("/api/v1/jobs", body, format="json", HTTP_IDEMPOTENCY_KEY="k1").status_code == 200
     other = {**body, "image": "python:3.13"}
     assert client.post("/api/v1/jobs", other, format="json", HTTP_IDEMPOTENCY_KEY="k1").status_code == 409
+
+
+def test_an_sbatch_script_posted_to_the_api_makes_a_job_in_its_image(cast, nodes):
+    script = (
+        "#!/bin/bash\n#SBATCH --gpus-per-node=8\n"
+        f"#SBATCH --account={cast.org.team_a.slug}\n"
+        "#SBATCH --container-image=nvcr.io/nvidia/pytorch:24.05-py3\nsrun python train.py\n"
+    )
+    response = token_client(cast.ann_token).post("/api/v1/jobs", script, content_type="text/x-shellscript")
+    assert response.status_code == 201, response.content
+    assert response.json()["image"] == "nvcr.io/nvidia/pytorch:24.05-py3"
