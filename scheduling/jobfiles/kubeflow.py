@@ -350,11 +350,11 @@ def record_image(image: str | None, out: Translation, place: str, errors: Errors
     if not image:
         return
     try:
-        images.parse_image(image)
+        reference = str(images.parse_image(image))  # as the job keeps it: docker.io/library/python:3.12
     except images.ImageError as exc:
         errors.add(f"{place}.image", str(exc))
         return
-    out.set("image", image, f"{place}.image")
+    out.set("image", reference, f"{place}.image")
     if working_dir and working_dir.startswith("/"):
         out.set("container_workdir", working_dir, f"{place}.workingDir")
 

@@ -108,12 +108,10 @@ def read_pyxis(sbatch: Mapping[str, Given], script: str, out: Translation, error
         for given in chosen.values():
             errors.add(given.place, "needs --container-image: the mounts and working directory are the image's container's")
         return
-    reference = _enroot_reference(image.value)
     try:
-        images.parse_image(reference)
+        out.set("image", str(images.parse_image(_enroot_reference(image.value))), image.place)
     except images.ImageError as exc:
         errors.add(image.place, str(exc))
-    out.set("image", reference, image.place)
     if (mounts := chosen.get("container-mounts")) is not None:
         try:
             out.set("container_mounts", images.parse_mounts(mounts.value), mounts.place)

@@ -109,7 +109,7 @@ spec:
 
 def test_an_mpijobs_image_is_the_jobs() -> None:
     out = translate(fmt="mpijob", data=yaml(MPIJOB))
-    assert out.fields["image"] == "horovod/horovod:0.28.1"
+    assert out.fields["image"] == "docker.io/horovod/horovod:0.28.1"
     assert "YARD_IMAGE" not in out.fields["env"]
 
 

@@ -72,9 +72,12 @@ def _print_preview(preview: dict[str, Any]) -> None:
         "memory_mb_per_replica",
         "priority",
         "leaf_locality",
+        "image",
+        "container_mounts",
+        "container_workdir",
         "env",
     ):
-        if key in job and job[key] not in (None, "", {}):
+        if key in job and job[key] not in (None, "", {}, []):
             out.print(f"  {key}: {job[key]}", markup=False)
     if not job.get("cpus_per_replica") or not job.get("memory_mb_per_replica"):
         # Said even where the cluster's defaults apply: a refusal may be for the cores or memory a node lacks.
@@ -125,6 +128,11 @@ def _submit_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--leaf-locality", type=click.Choice(["auto", "required", "preferred"]),
                      help="A multi-node gang one leaf switch could hold: wait for one only while that costs less "
                           "than spanning (auto, default), always (required), or never when none has room (preferred)"),
+        click.option("--image", "--container-image", "image",
+                     help="Run every replica in this container image, e.g. nvcr.io/nvidia/pytorch:24.05-py3 "
+                          "(pyxis's --container-image; default: on the nodes' own environment)"),
+        click.option("--container-mounts", help="With --image: SRC:DST[:ro|rw],... host paths to mount (as pyxis)"),
+        click.option("--container-workdir", help="With --image: the working directory inside the container"),
         click.option("--command", "command_text", help="The command every replica runs (or give it after --)"),
         click.option("--idempotency-key", help="A CI retry with the same key gets the same job (e.g. $CI_PIPELINE_ID)"),
         click.option("--wait", is_flag=True, help="Follow the job and exit with its result (see `yard help-exit-codes`)"),
@@ -157,6 +165,9 @@ def _submit(
     checkpoint_dir: str | None,
     priority: int | None,
     leaf_locality: str | None,
+    image: str | None,
+    container_mounts: str | None,
+    container_workdir: str | None,
     command_text: str | None,
     idempotency_key: str | None,
     wait: bool,
@@ -172,7 +183,8 @@ def _submit(
         shaped = {"--tier": tier, "--replicas": replicas, "--gpus": gpus, "--gpu-type": gpu_type, "--cpus": cpus,
                   "--mem": memory, "--time": time_limit,
                   "--env": env or None, "--checkpoint-dir": checkpoint_dir, "--priority": priority,
-                  "--leaf-locality": leaf_locality, "--command": command_text or (command or None)}  # fmt: skip
+                  "--leaf-locality": leaf_locality, "--image": image, "--container-mounts": container_mounts,
+                  "--container-workdir": container_workdir, "--command": command_text or (command or None)}  # fmt: skip
         given = [flag for flag, value in shaped.items() if value is not None]
         if given:
             raise click.UsageError(f"{', '.join(given)}: with a job file, say it in the file (it is sent as it is)")
@@ -195,7 +207,8 @@ def _submit(
         optional = {"tier": tier, "replicas": replicas, "gpus_per_replica": gpus, "gpu_type": gpu_type,
                     "time_limit_s": _duration_s(time_limit, param="--time"), "checkpoint_dir": checkpoint_dir,
                     "priority": priority, "leaf_locality": leaf_locality, "env": _env_pairs(env) or None,
-                    "cpus_per_replica": cpus, "memory_mb_per_replica": _memory_mb(memory, param="--mem")}  # fmt: skip
+                    "cpus_per_replica": cpus, "memory_mb_per_replica": _memory_mb(memory, param="--mem"),
+                    "image": image, "container_mounts": container_mounts, "container_workdir": container_workdir}  # fmt: skip
         payload.update({k: v for k, v in optional.items() if v is not None})
         request = {"json": payload, "headers": {}}
     # The full admission check first, as the portal's submit page shows it: submitting itself only
@@ -250,6 +263,7 @@ def submit(words: tuple[str, ...], **options: Any) -> None:
       yard submit pytorchjob.yaml --wait
       yard submit job.sbatch
       yard submit -N 2 -G 8 --gpu-type H100 -t 2h -- torchrun --nproc-per-node 8 train.py
+      yard submit -G 8 --image nvcr.io/nvidia/pytorch:24.05-py3 --container-mounts /data:/data:ro -- python train.py
 
     Prints the admission verdict: fits now, waits about N minutes and why, or can never run and why (exit 121).
     """
