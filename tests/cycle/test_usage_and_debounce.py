@@ -11,7 +11,8 @@ from django.utils import timezone
 
 from portal.celery import app
 from scheduling.cycle import run_cycle_once
-from scheduling.selectors import _decayed, decayed_usage
+from scheduling.selectors import decayed_usage
+from scheduling.selectors.usage import _decayed
 from scheduling.services import JobSpec, job_submit
 
 pytestmark = pytest.mark.django_db
