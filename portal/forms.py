@@ -10,6 +10,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 
+from scheduling import images
 from scheduling.models import LEAF_LOCALITY_CHOICES, Node, Tier
 from tenants.models import OrgUnit, Quota, UnitKind
 
@@ -99,6 +100,24 @@ class JobForm(_TeamAndGpuTypeForm):
         label="Memory per replica (GiB)",
         help_text="Empty: 64 GiB per GPU",
     )
+    image = forms.CharField(
+        max_length=images.MAX_REF,
+        required=False,
+        label="Image",
+        help_text="A container image to run in, e.g. nvcr.io/nvidia/pytorch:24.05-py3. Empty: on the nodes' own environment",
+    )
+    container_mounts = forms.CharField(
+        max_length=100_000,
+        required=False,
+        label="Container mounts",
+        help_text="Host paths in the container, as pyxis writes them: /data:/data:ro,/scratch",
+    )
+    container_workdir = forms.CharField(
+        max_length=images.MAX_PATH,
+        required=False,
+        label="Working directory in the container",
+        help_text="Empty: the task's run directory",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -110,6 +129,25 @@ class JobForm(_TeamAndGpuTypeForm):
 
     def clean_env(self) -> dict[str, str]:
         return parse_env(self.cleaned_data.get("env") or "")
+
+    def clean_image(self) -> str:
+        text = (self.cleaned_data.get("image") or "").strip()
+        try:
+            return str(images.parse_image(text)) if text else ""
+        except images.ImageError as exc:
+            raise ValidationError(str(exc)) from None
+
+    def clean_container_mounts(self) -> list[dict[str, Any]]:
+        try:
+            return images.parse_mounts(self.cleaned_data.get("container_mounts") or "")
+        except images.ImageError as exc:
+            raise ValidationError(str(exc)) from None
+
+    def clean_container_workdir(self) -> str:
+        try:
+            return images.check_workdir((self.cleaned_data.get("container_workdir") or "").strip())
+        except images.ImageError as exc:
+            raise ValidationError(str(exc)) from None
 
     def spec_kwargs(self) -> dict[str, Any]:
         """The JobSpec fields (scheduling.services.JobSpec) from the cleaned data."""
@@ -132,6 +170,9 @@ class JobForm(_TeamAndGpuTypeForm):
             "one_per_node": bool(data.get("one_per_node")),
             "cpus_per_replica": data.get("cpus_per_replica"),
             "memory_mb_per_replica": round(gib * 1024) if (gib := data.get("memory_gb_per_replica")) else None,
+            "image": data.get("image") or "",
+            "container_mounts": data.get("container_mounts") or [],
+            "container_workdir": data.get("container_workdir") or "",
         }
 
 
@@ -153,6 +194,9 @@ def job_initial(job: Any) -> dict[str, Any]:
         "one_per_node": job.one_per_node,
         "cpus_per_replica": job.cpus_per_replica,
         "memory_gb_per_replica": round(job.memory_mb_per_replica / 1024, 3),
+        "image": job.image,
+        "container_mounts": images.mounts_text(job.container_mounts or []),
+        "container_workdir": job.container_workdir,
     }
 
 

@@ -18,6 +18,7 @@ STOP_REASONS = {
     "PREEMPTED": "preempted",
     "IDLE_TIMEOUT": "idle: stopped by the idle reaper",
     "TIME_LIMIT": "time limit reached",
+    "IMAGE_PULL": "its image could not be pulled",
 }
 
 

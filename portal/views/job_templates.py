@@ -9,6 +9,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 
 from portal.forms import JobForm, format_env
+from scheduling import images
 from scheduling.models import JobTemplate
 from tenants.services import audit
 
@@ -32,6 +33,9 @@ def job_template_save(*, user: User, name: str, form: JobForm) -> JobTemplate:
         "env": format_env(data.get("env") or {}),
         "time_limit_h": data.get("time_limit_h"),
         "checkpoint_dir": data.get("checkpoint_dir") or "",
+        "image": data.get("image") or "",
+        "container_mounts": images.mounts_text(data.get("container_mounts") or []),
+        "container_workdir": data.get("container_workdir") or "",
     }
     template, _ = JobTemplate.objects.update_or_create(user=user, name=name, defaults={"spec": spec})
     audit(actor=user, action="jobtemplate.save", obj=template, message=f"saved job template {name}")
