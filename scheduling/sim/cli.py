@@ -19,7 +19,7 @@ from pathlib import Path
 
 from scheduling.core.types import Config, LeafLocality
 from scheduling.sim.cluster import ClusterShape, read_team_weights
-from scheduling.sim.engine import Replay, ReplayConfig
+from scheduling.sim.engine import Replay
 from scheduling.sim.metrics import (
     Summary,
     compact_table,
@@ -32,6 +32,7 @@ from scheduling.sim.metrics import (
     team_table,
 )
 from scheduling.sim.policies import KNOWN, LIMIT_BLIND, NAMES, make_policy
+from scheduling.sim.replay_types import ReplayConfig
 from scheduling.sim.trace import TraceJob, load_trace, time_limits
 from scheduling.sim.workload import GangHeavy, gang_heavy
 

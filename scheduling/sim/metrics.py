@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from scheduling.sim.engine import ReplayResult
+from scheduling.sim.replay_types import ReplayResult
 
 GANG_BUCKETS = (("1", 1, 1), ("2-8", 2, 8), (">8", 9, 1 << 30))
 

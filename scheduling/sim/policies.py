@@ -8,7 +8,7 @@ from typing import Any
 
 from scheduling.core.types import Plan, Snapshot
 from scheduling.sim import baselines
-from scheduling.sim.engine import Policy
+from scheduling.sim.replay_types import Policy
 
 # The default set: Yardmaster and the four baselines.
 NAMES = ("yardmaster", "fifo", "first-fit", "easy-backfill", "easy-topo")

@@ -16,7 +16,8 @@ from scheduling.core.plan import plan
 from scheduling.core.types import Config, LeafLocality, Plan, Snapshot
 from scheduling.sim.cli import main
 from scheduling.sim.cluster import ClusterShape
-from scheduling.sim.engine import Replay, ReplayConfig
+from scheduling.sim.engine import Replay
+from scheduling.sim.replay_types import ReplayConfig
 from scheduling.sim.trace import load_trace, time_limits
 
 TRACE = """job_id,submit_time,duration_s,num_gpus,num_nodes,team,user,status,gpu_type

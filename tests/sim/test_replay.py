@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from scheduling.core.types import Placement, Plan, Preemption, Snapshot
+from scheduling.core.types import Placement, Plan, PlanError, Preemption, Snapshot
 from scheduling.sim import baselines
 from scheduling.sim.cluster import ClusterShape, read_team_weights
-from scheduling.sim.engine import JobState, PlanError, Policy, Replay, ReplayConfig
+from scheduling.sim.engine import Replay
 from scheduling.sim.policies import make_policy
+from scheduling.sim.replay_types import JobState, Policy, ReplayConfig
 from scheduling.sim.trace import TraceJob, load_trace, time_limits
 
 SAMPLE = Path(__file__).parent.parent / "data" / "philly_sep2017_sample2k.csv"

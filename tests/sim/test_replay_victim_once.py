@@ -24,7 +24,8 @@ import pytest
 from scheduling.core.plan import plan
 from scheduling.core.types import Config, LeafLocality, Plan, Snapshot
 from scheduling.sim.cluster import ClusterShape
-from scheduling.sim.engine import Replay, ReplayConfig
+from scheduling.sim.engine import Replay
+from scheduling.sim.replay_types import ReplayConfig
 from scheduling.sim.trace import TraceJob, time_limits
 
 # (job id, submit time, duration, GPUs, team)

@@ -10,8 +10,9 @@ from scheduling.core.plan import plan
 from scheduling.core.types import Config, Locality, PendingJob, Placement, Plan, Preemption, RunningJob, Snapshot, Tier
 from scheduling.sim import baselines
 from scheduling.sim.cluster import ClusterShape, build_topology
-from scheduling.sim.engine import JobState, Policy, Replay, ReplayConfig
+from scheduling.sim.engine import Replay
 from scheduling.sim.policies import make_policy
+from scheduling.sim.replay_types import JobState, Policy, ReplayConfig
 from scheduling.sim.trace import TraceJob, time_limits
 from scheduling.sim.workload import GangHeavy, gang_gpu_share, gang_heavy
 from tests.sim.test_replay import assert_balanced, check_invariants, replay_sample
