@@ -83,6 +83,8 @@ def describe(job: dict[str, Any]) -> str:
         return f"job {job['id']} was cancelled"
     if state == "FAILED" and job.get("stop_reason") == "TIME_LIMIT":
         return f"job {job['id']} reached its time limit of {job.get('time_limit_s')} s"
+    if state == "FAILED" and job.get("stop_reason") == "IMAGE_PULL":
+        return f"job {job['id']} failed: its image could not be pulled ({job.get('stop_message') or job.get('image')})"
     rank = failing_rank(job)
     if rank is not None:
         how = f"exit {rank.get('exit_code')}" if rank.get("signal") is None else f"signal {rank.get('signal')}"
