@@ -2,16 +2,24 @@
 
 One call is one attempt with a timeout; retrying is the caller's business (the agent's loop must not
 block for minutes inside a retry), helped by Backoff.
+
+The timeout bounds the whole call, not each step of it. urllib's own applies to every socket operation
+apart: a connect that waits on a full listen queue (SYN retransmits), then the wait for the answer,
+each got the whole timeout, and a loaded 4,000-job fill saw single heartbeats take 65 s at a 20 s
+timeout; the agent's silence and the watchdog's lease (T + I < F, docs/scale.md) rest on one call
+lasting at most T. So each step gets what is left of T, and a call past it fails as a timeout.
 """
 
 from __future__ import annotations
 
+import functools
 import http.client
 import json
 import random
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +71,64 @@ class PortalError(Exception):
 DEADLINE_MARGIN_S = 1.0
 
 
+class _Deadline:
+    """One deadline for a whole call, on a clock (time.monotonic)."""
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float]) -> None:
+        self.clock, self.at = clock, clock() + timeout_s
+
+    def left(self) -> float:
+        """Seconds left, or a timeout now if none are."""
+        left = self.at - self.clock()
+        if left <= 0:
+            raise TimeoutError("timed out (the call's whole timeout ran out)")
+        return left
+
+
+class _DeadlineHTTPConnection(http.client.HTTPConnection):
+    """Connects, and waits for the answer, within what is left of one deadline for the whole call."""
+
+    def __init__(self, *args: Any, deadline: _Deadline, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.deadline = deadline
+
+    def connect(self) -> None:
+        self.timeout = self.deadline.left()
+        super().connect()  # TCP (and for HTTPS the TLS handshake) under what is left
+
+    def getresponse(self) -> http.client.HTTPResponse:
+        if self.sock is not None:
+            # The answer's status line, headers and small body, each read within what is left.
+            self.sock.settimeout(self.deadline.left())
+        return super().getresponse()
+
+
+class _DeadlineHTTPSConnection(_DeadlineHTTPConnection, http.client.HTTPSConnection):
+    pass
+
+
+class _DeadlineHandler(urllib.request.HTTPHandler, urllib.request.HTTPSHandler):
+    def __init__(self, deadline: _Deadline) -> None:
+        urllib.request.HTTPHandler.__init__(self)
+        urllib.request.HTTPSHandler.__init__(self)  # TLS as urlopen's: the system's trust store, names checked
+        self.deadline = deadline
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(functools.partial(_DeadlineHTTPConnection, deadline=self.deadline), req)
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(functools.partial(_DeadlineHTTPSConnection, deadline=self.deadline), req)
+
+
+def open_within(
+    request: urllib.request.Request, timeout_s: float, *, clock: Callable[[], float] = time.monotonic
+) -> http.client.HTTPResponse:
+    """urlopen whose ``timeout_s`` bounds the call's steps together: the connect, and the wait for the
+    answer after it, share one deadline. Proxies from the environment are honoured as urlopen does."""
+    opener = urllib.request.build_opener(_DeadlineHandler(_Deadline(timeout_s, clock)))
+    return opener.open(request, timeout=timeout_s)  # type: ignore[no-any-return]
+
+
 class PortalClient:
     def __init__(self, base_url: str, token: str, *, timeout_s: float) -> None:
         self.base_url = base_url.rstrip("/")
@@ -88,7 +154,7 @@ class PortalClient:
             self.base_url + API_PREFIX + path, data=json.dumps(body).encode(), method="POST", headers=headers
         )
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+            with open_within(request, self.timeout_s) as response:
                 return _decode(response.read())
         except urllib.error.HTTPError as exc:
             payload = _decode(exc.read())
