@@ -12,7 +12,7 @@ the longest a live agent leaves it is one call (at most http_timeout_s) and one 
 must never look like a dead agent (check_timeouts)::
 
     http_timeout_s + heartbeat_interval_s  <  fence_after_s
-    10             + 10                    =  20  <  60
+    20             + 10                    =  30  <  60
 """
 
 from __future__ import annotations
@@ -43,7 +43,9 @@ FENCE_AFTER_S = 60.0
 WINDOW_S = 60.0
 # A process group that outlives SIGKILL this long is stuck (D state, a hung driver): drain the node.
 UNKILLABLE_AFTER_S = 60.0
-HTTP_TIMEOUT_S = 10.0
+# Long enough that a call queued behind a loaded web tier is still there for the portal's answer (an
+# "overloaded" one counts as contact, a timeout does not: docs/scale.md, *The fence under overload*).
+HTTP_TIMEOUT_S = 20.0
 # How often the watchdog looks at the lease (nodeagent/watchdog.py, POLL_S).
 WATCHDOG_POLL_S = 1.0
 # Under a portal's short fence_after_s the agent shortens its HTTP timeout to fit (fit_http_timeout),

@@ -93,12 +93,12 @@ def test_a_portal_that_takes_calls_and_never_answers_is_gone_and_the_work_stops(
 
 
 def test_the_agent_refuses_to_start_with_a_fence_shorter_than_one_slow_call(tmp_path: Path) -> None:
-    # The fault runs' settings: heartbeat 3 s, fence-after 8 s, and the default 10 s HTTP timeout.
+    # The fault runs' settings: heartbeat 3 s, fence-after 8 s, and the default 20 s HTTP timeout.
     args = ["--portal", "http://127.0.0.1:9", "--token", "ynd_x", "--simulate", "1xH100", "--state-dir", str(tmp_path)]
     args += ["--heartbeat-interval", "3", "--fence-after", "8"]
     done = subprocess.run([sys.executable, "-m", "nodeagent", *args], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2, done.stderr
-    assert "fence_after_s=8 must be longer than http_timeout_s=10 + heartbeat_interval_s=3" in done.stderr
+    assert "fence_after_s=8 must be longer than http_timeout_s=20 + heartbeat_interval_s=3" in done.stderr
     assert "--fence-after" in done.stderr and "--http-timeout" in done.stderr
     assert not (tmp_path / "journal.json").exists()
 
@@ -143,10 +143,10 @@ def test_the_agent_refuses_to_start_under_portal_limits_no_timeout_can_fit(porta
 def test_a_fence_that_would_outlast_node_down_after_a_late_agent_loss_is_refused() -> None:
     # Silent for almost stop_after_s, then the agent dies: the watchdog fences fence_after_s later.
     values = {"portal": "http://p", "token": "t"}
-    # 120 + 10.5 + 10 + 100 + 60 + 2 = 302.5 s, past the 300 s DOWN timeout; with 80 s it is 282.5 s.
+    # 120 + 20.5 + 20 + 80 + 60 + 2 = 302.5 s, past the 300 s DOWN timeout; with 70 s it is 292.5 s.
     with pytest.raises(ConfigError, match=r"= 302\.5 s is too long"):
-        build_config(file_values={}, cli_values={**values, "fence_after_s": 100})
-    assert build_config(file_values={}, cli_values={**values, "fence_after_s": 80}).fence_after_s == 80
+        build_config(file_values={}, cli_values={**values, "fence_after_s": 80})
+    assert build_config(file_values={}, cli_values={**values, "fence_after_s": 70}).fence_after_s == 70
 
 
 def test_the_watchdog_keeps_the_kill_an_agent_that_died_mid_stop_had_due(tmp_path: Path) -> None:
