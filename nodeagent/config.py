@@ -276,7 +276,7 @@ def with_portal_limits(
     window_s: Any = None,
 ) -> AgentConfig:
     """Adopt the portal's heartbeat interval, and the stricter of each limit the liveness arithmetic
-    rests on: the portal checks that its DOWN timeout covers its own values (portal/settings.py)."""
+    rests on: the portal checks that its DOWN timeout covers its own values (portal/yard_settings.py)."""
     updated = config
     if (value := _number(heartbeat_interval_s)) is not None:
         updated = replace(updated, heartbeat_interval_s=value)

@@ -11,7 +11,7 @@ marker in the task's directory that tells a returning agent why it ended. An age
 ``fence_after_s`` renews the lease in time and adopts its workloads as before.
 
 The portal starts a job's next attempt only after the node has been silent longer than
-fence_after_s + max_grace_s plus a margin (portal/settings.py checks it), so the first attempt's
+fence_after_s + max_grace_s plus a margin (portal/yard_settings.py checks it), so the first attempt's
 processes are gone before the second starts. The watchdog exits once it has nothing left to guard.
 """
 
