@@ -4,21 +4,21 @@ task status and logs, drain. Keyword-only and atomic, as every service.
 - reports.py      — what agents send, as the services take it (times in the portal's clock), and the errors;
 - registration.py — a node's registration: its place in the topology, its GPUs, its token;
 - heartbeat.py    — the hottest path: liveness, the node's state, task starts and facts, telemetry, `desired`;
+- desired.py      — each entry of `desired`: a live task, its job and its gang as the agent's task spec;
 - status.py       — task status and log reports, an agent's own drain.
 
 Job and task state changes are not made here: status reports go through the scheduling services
 (task_mark_running, task_mark_exited) so that the rules for settling a gang live in one place.
 """
 
+from scheduling.agent.services.desired import gang_nodes, task_spec
 from scheduling.agent.services.heartbeat import (
     DISK_FULL,
     XID_MEANING,
-    gang_nodes,
     live_tasks_of,
     live_tasks_queryset,
     node_heartbeat,
     node_heartbeat_by_token,
-    task_spec,
 )
 from scheduling.agent.services.registration import node_register
 from scheduling.agent.services.reports import (
