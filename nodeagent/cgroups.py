@@ -359,6 +359,54 @@ def scan_proc(limit: int = PROC_SCAN_LIMIT) -> dict[int, _Proc]:
     return procs
 
 
+@dataclass
+class _Pass:
+    """One pass over /proc, with the maps the process trees are read from."""
+
+    at: float  # when it was taken (the meter's clock)
+    procs: dict[int, _Proc]
+    children: dict[int, list[int]]
+    sessions: dict[int, list[int]]
+
+
+def _take_pass(clock: Callable[[], float]) -> _Pass:
+    procs = scan_proc()
+    children: dict[int, list[int]] = {}
+    sessions: dict[int, list[int]] = {}
+    for child, p in procs.items():
+        children.setdefault(p.ppid, []).append(child)
+        sessions.setdefault(p.session, []).append(child)
+    return _Pass(clock(), procs, children, sessions)
+
+
+class SharedProcPasses:
+    """A pass over /proc shared by every agent of one process: `nodeagent.fleet` runs hundreds of
+    simulated nodes on one host, whose /proc holds all their workloads, and a pass each per heartbeat
+    (500 agents x 8,000 processes) took most of the fleet's CPU in a 4,000-job fill, starving its
+    agents' heartbeats. A pass younger than ``max_age_s`` serves them all; its time is the reading's."""
+
+    def __init__(self, max_age_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_age_s, self.clock = max_age_s, clock
+        self.lock = threading.Lock()
+        self.last: _Pass | None = None
+
+    def get(self) -> _Pass:
+        with self.lock:
+            if self.last is None or self.clock() - self.last.at > self.max_age_s:
+                self.last = _take_pass(self.clock)
+            return self.last
+
+
+# Set by nodeagent.fleet (share_proc_passes); an agent alone on its node takes a fresh pass per heartbeat.
+_shared_passes: SharedProcPasses | None = None
+
+
+def share_proc_passes(max_age_s: float) -> None:
+    """Let every UseMeter of this process share passes over /proc up to ``max_age_s`` old."""
+    global _shared_passes
+    _shared_passes = SharedProcPasses(max_age_s)
+
+
 def process_tree(root: int, procs: dict[int, _Proc], children: dict[int, list[int]], sessions: dict[int, list[int]]) -> set[int]:
     """`root`, its descendants, and what was reparented away but stayed in its session (tasks run as
     session leaders: launcher.spawn)."""
@@ -387,9 +435,7 @@ class UseMeter:
         """(key, process-group leader pid, cgroup or None) of each live task -> its use. CPU needs two
         readings: the first reading of a task has none."""
         now = self.clock()
-        procs: dict[int, _Proc] | None = None
-        children: dict[int, list[int]] = {}
-        sessions: dict[int, list[int]] = {}
+        scan: _Pass | None = None
         out: dict[TaskKey, TaskUse] = {}
         for key, pid, group in tasks:
             cpu_s: float | None = None
@@ -402,18 +448,18 @@ class UseMeter:
                 rss_mb = None if current is None else current / MIB
                 peak = _read_int(group / "memory.peak")  # Linux 5.19+
                 peak_mb = None if peak is None else peak / MIB
+            when = now
             if cpu_s is None or rss_mb is None:
-                if procs is None:
-                    procs = scan_proc()
-                    for child, p in procs.items():
-                        children.setdefault(p.ppid, []).append(child)
-                        sessions.setdefault(p.session, []).append(child)
-                tree = [procs[p] for p in process_tree(pid, procs, children, sessions)]
+                if scan is None:
+                    shared = _shared_passes
+                    scan = shared.get() if shared is not None and self.clock is shared.clock else _take_pass(self.clock)
+                tree = [scan.procs[p] for p in process_tree(pid, scan.procs, scan.children, scan.sessions)]
                 if cpu_s is None and tree:
                     cpu_s = sum(p.cpu_ticks for p in tree) * self.tick_s
+                    when = scan.at  # the CPU time read then
                 if rss_mb is None and tree:
                     rss_mb = sum(p.rss_pages for p in tree) * self.page_mb
-            out[key] = self._fold(key, now, cpu_s, rss_mb, peak_mb)
+            out[key] = self._fold(key, when, cpu_s, rss_mb, peak_mb)
         for key in set(self.previous) - set(out):
             self.previous.pop(key, None)
             self.peaks.pop(key, None)

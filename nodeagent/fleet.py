@@ -41,12 +41,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
-from nodeagent import shutdown
+from nodeagent import cgroups, shutdown
 from nodeagent.agent import Agent, AgentFatal
 from nodeagent.config import AgentConfig, ConfigError
 from nodeagent.simgpu import TopologyError, simulated_gpus
 from nodeagent.watchdog import WatchdogHandle
 
+# How old a pass over /proc an agent of the fleet may read its tasks' use from (cgroups.SharedProcPasses).
+PROC_PASS_MAX_AGE_S = 1.0
 _FLEET_SPEC = re.compile(r"^(\d+)x(\d+x[A-Za-z0-9][A-Za-z0-9_-]*)$")
 
 
@@ -284,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    # The agents share one /proc: one pass a second serves all of their use readings.
+    cgroups.share_proc_passes(PROC_PASS_MAX_AGE_S)
     try:
         fleet = build_fleet(args)
     except (ConfigError, TopologyError) as exc:

@@ -276,3 +276,23 @@ def test_heartbeats_report_each_running_tasks_real_use(portal: FakePortal, start
 
     report = portal.wait_for(busy_report, what="a heartbeat showing the busy task")
     assert report["memory_used_mb"] > 1 and report["memory_peak_mb"] >= report["memory_used_mb"]
+
+
+def test_a_fleets_agents_share_one_pass_over_proc_a_second(spawned, monkeypatch: pytest.MonkeyPatch) -> None:
+    # nodeagent.fleet: hundreds of agents on one host read one /proc; a pass each per heartbeat
+    # starved the fleet's heartbeats. A pass younger than max_age_s serves every meter of the process.
+    child, _folder = spawned("shared", "exec sleep 30")
+    launcher.release(child)
+    passes = []
+    real = cgroups.scan_proc
+    monkeypatch.setattr(cgroups, "scan_proc", lambda: passes.append(1) or real())
+    now = [50.0]
+    shared = cgroups.SharedProcPasses(max_age_s=1.0, clock=lambda: now[0])
+    monkeypatch.setattr(cgroups, "_shared_passes", shared)
+    meters = [cgroups.UseMeter(clock=shared.clock) for _ in range(3)]
+    uses = [m.measure([((1, 1), child.pid, None)])[(1, 1)] for m in meters]
+    assert len(passes) == 1 and all(u.memory_used_mb and u.memory_used_mb > 0 for u in uses), uses
+    now[0] += 1.5  # older than max_age_s: the next reading takes a new pass, and its time is the pass's
+    second = meters[0].measure([((1, 1), child.pid, None)])[(1, 1)]
+    assert len(passes) == 2 and second.cpu_used is not None and second.cpu_used >= 0.0
+    assert cgroups.UseMeter().measure([((1, 1), child.pid, None)]) and len(passes) == 3  # another clock: its own pass
