@@ -192,21 +192,20 @@ def test_an_mpijob_runs_its_program_on_every_worker_and_completes(harness: Harne
               template:
                 spec:
                   containers:
-                  - image: horovod/horovod:0.28.1
-                    name: launcher
+                  - name: launcher
                     command: [mpirun, --allow-run-as-root, -np, "2", -x, NCCL_DEBUG=INFO, -bind-to, none, {PY}, {program}]
             Worker:
               replicas: 2
               template:
                 spec:
                   containers:
-                  - image: horovod/horovod:0.28.1
-                    name: worker
+                  - name: worker
                     resources:
                       limits:
                         nvidia.com/gpu: 1
     """,
     )
+    # No image: these agents run on the host (the image path is tests/containers/').
     process = yard.start("submit", str(manifest), "--wait")
     job = _submitted(harness, process)
     harness.place(job)
