@@ -15,9 +15,9 @@ from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from scheduling.api.base import ERRORS, ID_PARAM, ApiView
 from scheduling.api.schema import query_text
 from scheduling.api.serializers import _NO_NUL, QueryIn, TeamRefField, TeamRefOut
-from scheduling.api.views import ERRORS, ID_PARAM, ApiView
 from scheduling.models import RegistryCredential
 from scheduling.registry_credentials import (
     access_credential,

@@ -17,7 +17,7 @@ One module per format, each a pure function from the file to a Translation: yard
 mpijob.py (over kubeflow.py, what both Kubeflow kinds share), slurm.py (with slurm_options.py and
 slurm_shims.py); common.py holds what they all use. translate() here picks the module. Nothing here imports
 Django (an import-linter contract keeps it so): a refusal is a JobFileInvalid, which the API answers as its
-400 naming each place in the file (scheduling/api/views.py).
+400 naming each place in the file (scheduling/api/submission.py).
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ class JobFileInvalid(Exception):
     """A job file that cannot be translated: what to change, keyed by the place in the file, all of it at once.
 
     ``message_dict`` and ``messages`` read as Django's ValidationError's do: the API says it as one
-    (scheduling/api/views.py), a 400 naming each place with these words.
+    (scheduling/api/submission.py), a 400 naming each place with these words.
     """
 
     def __init__(self, message_dict: Mapping[str, list[str]]) -> None:
