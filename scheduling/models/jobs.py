@@ -1,7 +1,9 @@
-"""Cluster (spine -> leaf -> node -> GPU), jobs, tasks, allocations, events, telemetry.
+"""Jobs and what they become: a job, its events, its tasks (one per replica and attempt), their GPU
+allocations and logs; the registry credentials its image is pulled with, saved templates, idle policies.
 
-Models hold fields and constraints; the rules live in services.py and scheduling/core.
-The database is the last line of defence: a GPU can never have two live allocations.
+Apart from the cluster's models (cluster.py) because it is the demand side, written by the services
+as people submit and the cycle places; the database is the last line of defence here: a GPU can never
+have two live allocations.
 """
 
 from __future__ import annotations
@@ -11,169 +13,9 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
+from scheduling.models.cluster import Gpu, Node
 from scheduling.states import JobState, TaskState
 from tenants.models import OrgUnit
-
-# --------------------------------------------------------------------------- cluster
-
-
-class Spine(models.Model):
-    name = models.CharField(max_length=64, unique=True)
-
-    class Meta:
-        ordering = ["name"]
-
-    def __str__(self) -> str:
-        return self.name
-
-
-class Leaf(models.Model):
-    name = models.CharField(max_length=64, unique=True)
-    spine = models.ForeignKey(Spine, on_delete=models.PROTECT, related_name="leaves")
-
-    class Meta:
-        ordering = ["name"]
-        verbose_name_plural = "leaves"
-
-    def __str__(self) -> str:
-        return self.name
-
-
-class NodeState(models.TextChoices):
-    READY = "READY", "Ready"
-    NOT_READY = "NOT_READY", "Not ready"  # missed heartbeats; may come back
-    DRAINING = "DRAINING", "Draining"  # takes no new work (admin or agent asked)
-    DOWN = "DOWN", "Down"  # lost: its gangs were requeued, it is fenced when it returns
-
-
-class Node(models.Model):
-    name = models.CharField(max_length=64, unique=True)
-    leaf = models.ForeignKey(Leaf, on_delete=models.PROTECT, related_name="nodes")
-    address = models.CharField(max_length=255, blank=True, help_text="Host or IP the workloads reach each other on")
-    gpu_type = models.CharField(max_length=32, db_index=True)
-    state = models.CharField(max_length=10, choices=NodeState.choices, default=NodeState.NOT_READY, db_index=True)
-    state_reason = models.CharField(max_length=255, blank=True)
-    state_changed_at = models.DateTimeField(default=timezone.now)
-    # A drain that outlives a restart or an outage: set by an admin, a critical XID or a task that
-    # would not die; only an admin's resume clears it (a node back from DOWN comes back DRAINING).
-    hold_reason = models.CharField(max_length=255, blank=True)
-    # What the agent last said of its disk ("": room enough) and its clock (seconds ahead of the
-    # portal's, as measured; None: not measured yet). A node with a disk problem takes no new work.
-    disk_problem = models.CharField(max_length=255, blank=True)
-    clock_skew_s = models.FloatField(null=True, blank=True)
-    last_heartbeat = models.DateTimeField(null=True, blank=True)
-    simulated = models.BooleanField(default=False, help_text="GPUs simulated by the agent (--simulate)")
-    token_hash = models.CharField(max_length=64, blank=True, db_index=True)
-    agent_version = models.CharField(max_length=32, blank=True)
-    cpus = models.PositiveIntegerField(default=0)
-    memory_mb = models.PositiveIntegerField(default=0)
-    registered_at = models.DateTimeField(null=True, blank=True)
-    # The multi-node NVLink domain (a GB200 NVL72 rack) the node is in, unique in the cluster; blank: none.
-    # Reported by the agent (its --fabric-domain, or NVML's GPU fabric info); its nodes share one leaf.
-    fabric_domain = models.CharField(max_length=128, blank=True)
-
-    class Meta:
-        ordering = ["name"]
-
-    def __str__(self) -> str:
-        return self.name
-
-
-class Gpu(models.Model):
-    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
-    index = models.PositiveSmallIntegerField()
-    uuid = models.CharField(max_length=64, unique=True)
-    gpu_type = models.CharField(max_length=32)
-    model_name = models.CharField(max_length=100, blank=True)
-    memory_mb = models.PositiveIntegerField(default=0)
-    # Qualified by the node's name ("<node>/<label>", scheduling/agent/services/registration.py): up to 63 + 1 + 40.
-    nvlink_domain = models.CharField(max_length=128)
-    pcie_switch = models.CharField(max_length=128)
-    numa_node = models.CharField(max_length=128)
-    # A MIG instance (NVIDIA Multi-Instance GPU) is a schedulable GPU of its own: its profile ("1g.10gb"),
-    # its type the parent's with the profile ("H100.1g.10gb"), and the UUID of the physical GPU it is a
-    # slice of. Both blank for a whole GPU.
-    mig_profile = models.CharField(max_length=32, blank=True)
-    parent_uuid = models.CharField(max_length=64, blank=True)
-    healthy = models.BooleanField(default=True)
-    # Latest telemetry from the agent (null: the metric failed or was never reported).
-    utilization_pct = models.FloatField(null=True, blank=True)
-    memory_used_mb = models.FloatField(null=True, blank=True)
-    temperature_c = models.FloatField(null=True, blank=True)
-    power_w = models.FloatField(null=True, blank=True)
-    telemetry_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["node__name", "index"]
-        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_node_index")]
-        # The few unhealthy GPUs, counted by every submission's admission check (selectors.cluster_capacity).
-        indexes = [models.Index(fields=["healthy"], condition=Q(healthy=False), name="gpu_unhealthy")]
-
-    def __str__(self) -> str:
-        return f"{self.node.name}/gpu{self.index}"
-
-
-class GpuWindow(models.Model):
-    """Telemetry folded into fixed one-minute windows (as Run:ai measures idleness)."""
-
-    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="windows")
-    start = models.DateTimeField()
-    samples = models.PositiveIntegerField(default=0)
-    utilization_sum = models.FloatField(default=0)
-    utilization_max = models.FloatField(default=0)
-    memory_used_max_mb = models.FloatField(default=0)
-
-    class Meta:
-        constraints = [models.UniqueConstraint(fields=["gpu", "start"], name="gpuwindow_unique_gpu_start")]
-        indexes = [models.Index(fields=["start"])]
-
-    def __str__(self) -> str:
-        return f"{self.gpu_id} @ {self.start:%H:%M}"
-
-    @property
-    def utilization_mean(self) -> float:
-        return self.utilization_sum / self.samples if self.samples else 0.0
-
-
-class XidEvent(models.Model):
-    gpu = models.ForeignKey(Gpu, on_delete=models.CASCADE, related_name="xid_events")
-    time = models.DateTimeField(default=timezone.now)
-    code = models.PositiveIntegerField()
-    # How many times the code was seen on this GPU in one heartbeat: a storm of one XID is one row.
-    count = models.PositiveIntegerField(default=1)
-
-    class Meta:
-        ordering = ["-time"]
-
-    def __str__(self) -> str:
-        return f"XID {self.code} on GPU {self.gpu_id}"
-
-
-class EnrolmentToken(models.Model):
-    """Lets an agent register new nodes (each node name once): up to ``max_uses`` of them, until it expires.
-    Stored hashed. Made with ``manage.py enrolment_token`` (scheduling/agent/enrolment.py)."""
-
-    name = models.CharField(max_length=100)
-    token_hash = models.CharField(max_length=64, unique=True)
-    created_at = models.DateTimeField(default=timezone.now)
-    expires_at = models.DateTimeField(null=True, blank=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
-    # A token that leaks must not register nodes without end: by default it registers one.
-    max_uses = models.PositiveIntegerField(default=1, help_text="How many nodes it may register")
-    uses = models.PositiveIntegerField(default=0, help_text="How many nodes it has registered")
-    last_used_at = models.DateTimeField(null=True, blank=True)
-    requires_approval = models.BooleanField(
-        default=False, help_text="Nodes it registers take no work until a cluster admin approves them"
-    )
-
-    class Meta:
-        constraints = [models.CheckConstraint(condition=Q(uses__lte=F("max_uses")), name="enrolmenttoken_uses_within_max")]
-
-    def __str__(self) -> str:
-        return self.name
-
-
-# --------------------------------------------------------------------------- jobs
 
 
 class Tier(models.IntegerChoices):
@@ -420,59 +262,6 @@ class TaskLogChunk(models.Model):
 
     def __str__(self) -> str:
         return f"task {self.task_id} log @{self.offset}"
-
-
-class SchedulerLease(models.Model):
-    """One row per singleton duty ("cycle"): who holds it, until when, under which epoch.
-
-    Claimed with a conditional UPDATE; every write of a cycle re-checks the epoch so a paused
-    old holder's late writes are refused (fencing token).
-    """
-
-    name = models.CharField(max_length=32, primary_key=True)
-    holder = models.CharField(max_length=128, blank=True)
-    epoch = models.PositiveBigIntegerField(default=0)
-    expires_at = models.DateTimeField(default=timezone.now)
-
-    def __str__(self) -> str:
-        return f"{self.name} held by {self.holder or '—'} (epoch {self.epoch})"
-
-
-class LivenessClock(models.Model):
-    """The liveness checker's own record (one row, "nodes"): when it last ran, and the disruption guard.
-
-    The checker's own gaps are time the portal could not observe: they become BlindSpells, which node
-    silence does not count (docs/agent-api.md, *What the portal counts as silence*).
-    """
-
-    name = models.CharField(max_length=32, primary_key=True)
-    last_tick = models.DateTimeField(null=True, blank=True)
-    # Disruption guard: while a large share of nodes is silent at once, no node is marked lost.
-    guard_active = models.BooleanField(default=False)
-    guard_reason = models.CharField(max_length=255, blank=True)
-    guard_since = models.DateTimeField(null=True, blank=True)
-    guarded_leaves = models.JSONField(default=list, blank=True)
-
-    def __str__(self) -> str:
-        return f"{self.name}: last tick {self.last_tick}"
-
-
-class BlindSpell(models.Model):
-    """An interval in which the portal could not observe heartbeats (its database, workers or web tier
-    were unavailable, or a disruption guard held): node silence inside it is not counted."""
-
-    start = models.DateTimeField()
-    end = models.DateTimeField(db_index=True)
-    cause = models.CharField(max_length=255)
-    # The leaves it covers (a disruption guard held on some leaves); empty: the whole cluster.
-    leaves = models.JSONField(default=list, blank=True)
-
-    class Meta:
-        ordering = ["-end"]
-        constraints = [models.CheckConstraint(condition=Q(end__gte=F("start")), name="blindspell_end_after_start")]
-
-    def __str__(self) -> str:
-        return f"{self.start:%H:%M:%S}–{self.end:%H:%M:%S}: {self.cause}"
 
 
 class JobTemplate(models.Model):
