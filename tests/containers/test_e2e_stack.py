@@ -103,7 +103,7 @@ def test_a_two_replica_job_in_an_image_rendezvous_checkpoints_resumes_and_cancel
     rank0_2, rank1_2 = harness.tasks(job, attempt=2)
     wait_for("attempt 2's rendezvous", lambda: "rank 0 heard: hello from rank 1 attempt 2" in _log(rank0_2), timeout=30)
     assert "rank 0 resumed from attempt 1" in _log(rank0_2)
-    assert "rank 1 resumed from attempt 1" in _log(rank1_2)
+    wait_for("rank 1's log", lambda: "rank 1 resumed from attempt 1" in _log(rank1_2), timeout=30)  # shipped every 2 s
 
     # Cancelled: the job ends, and no container is left on either node.
     job_cancel(job=Job.objects.get(pk=job.pk), actor=harness.user)
