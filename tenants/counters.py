@@ -158,4 +158,6 @@ def _db_hit(name: str, window_s: float) -> Count:
     with transaction.atomic(using=_DB_ALIAS), connections[_DB_ALIAS].cursor() as cursor:
         cursor.execute(_DB_HIT, [name, now + window_s, now, now])
         count, expires_at = cursor.fetchone()
-    return Count(count=int(count), reset_s=max(0.0, float(expires_at) - now))
+    # Another request that read its clock after this one may have opened the window first: its end is
+    # then a little past now + window_s, and a window never lasts longer than window_s.
+    return Count(count=int(count), reset_s=min(window_s, max(0.0, float(expires_at) - now)))
