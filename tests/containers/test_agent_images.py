@@ -4,6 +4,7 @@ recently used, never an image in use), credentials that never show, and referenc
 from __future__ import annotations
 
 import socket
+import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -85,10 +86,20 @@ def test_the_cache_evicts_the_least_recently_used_images_past_its_size_but_none_
 
 @needs_containers
 def test_credentials_pull_from_a_registry_that_wants_them_and_never_show(
-    auth_registry: Registry, portal: FakePortal, start_ct_agent: StartAgent, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    auth_registry: Registry,
+    portal: FakePortal,
+    start_ct_agent: StartAgent,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ref = auth_registry.ref("private")
     build_image(tmp_path / "build", ref, env={}, cmd=["/bin/true"], creds=f"{USER}:{PASSWORD}")
+    # This process's temporary files in a folder of the test's own: other workers' agents pull with
+    # credentials too, and their auth files in /tmp come and go while this test looks.
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private_tmp))
     cache = ImageCache(root=tmp_path / "cache", max_bytes=1024 * MB)
     with pytest.raises(PullError, match="the registry refused the credentials") as no_auth:
         cache.get(ref, auth=None)
@@ -112,7 +123,7 @@ def test_credentials_pull_from_a_registry_that_wants_them_and_never_show(
     assert "pulled-with-a-credential" in log_of(portal, 22)
     journal = (running.agent.state_dir / "journal.json").read_text()
     assert PASSWORD not in journal and PASSWORD not in caplog.text
-    assert not list(Path("/tmp").glob("yard-auth-*"))  # the auth files went with their calls
+    assert not list(private_tmp.glob("yard-auth-*"))  # the auth files went with their calls
 
 
 def test_references_name_their_registry_repository_tag_or_digest() -> None:
