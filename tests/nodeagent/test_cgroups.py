@@ -283,6 +283,12 @@ def test_a_fleets_agents_share_one_pass_over_proc_a_second(spawned, monkeypatch:
     # starved the fleet's heartbeats. A pass younger than max_age_s serves every meter of the process.
     child, _folder = spawned("shared", "exec sleep 30")
     launcher.release(child)
+    # Until the wrapper has exec'd sleep the tree may show no resident pages (a loaded machine can hold it
+    # mid-exec for a while): wait for the process itself, with a deadline, before counting passes.
+    deadline = time.monotonic() + 15.0
+    while not (cgroups.UseMeter().measure([((1, 1), child.pid, None)])[(1, 1)].memory_used_mb or 0) > 0:
+        assert time.monotonic() < deadline, "the child never showed resident memory in /proc"
+        time.sleep(0.05)
     passes = []
     real = cgroups.scan_proc
     monkeypatch.setattr(cgroups, "scan_proc", lambda: passes.append(1) or real())
