@@ -59,6 +59,39 @@ def teams_submittable(*, user: AnyUser) -> QuerySet[OrgUnit]:
     return teams_visible(user=user)
 
 
+def may_submit_to(*, user: AnyUser, team: OrgUnit) -> bool:
+    """Whether ``team`` is one of teams_submittable(user=user), decided from the user's memberships (read
+    once per request) and the team's own kind and path, without a query: every submission asks it."""
+    if team.kind != UnitKind.TEAM or not user.is_authenticated:
+        return False
+    if is_cluster_admin(user):
+        return True
+    return any(
+        (m.role in (Role.MEMBER, Role.TEAM_LEAD) and m.unit_id == team.pk)
+        or (m.role == Role.ORG_ADMIN and team.path.startswith(m.unit.path))
+        for m in _memberships(user)
+    )
+
+
+def team_submittable(*, user: AnyUser, ref: str) -> OrgUnit | None:
+    """The team of teams_submittable(user=user) that ``ref`` (an id or a slug) names, or None.
+
+    The same answer as filtering that queryset by slug or id and taking the first by path; for a user
+    who administers no unit (a CI token's service account, a researcher) the candidates are their own
+    teams, already read with their memberships, so it costs no query."""
+    ms = _memberships(user)
+    if not user.is_authenticated or is_cluster_admin(user) or any(m.role == Role.ORG_ADMIN for m in ms):
+        lookup = Q(slug=ref) | Q(pk=int(ref)) if ref.isdigit() and len(ref) < 19 else Q(slug=ref)
+        return teams_submittable(user=user).filter(lookup).first()
+    pk = int(ref) if ref.isdigit() and len(ref) < 19 else None
+    found = [
+        m.unit
+        for m in ms
+        if m.role in (Role.MEMBER, Role.TEAM_LEAD) and m.unit.kind == UnitKind.TEAM and (m.unit.slug == ref or m.unit.pk == pk)
+    ]
+    return min(found, key=lambda u: (u.path, u.pk)) if found else None
+
+
 def teams_led(*, user: AnyUser) -> QuerySet[OrgUnit]:
     """Teams whose every job the user may act on (cancel, requeue): leads and admins."""
     if is_cluster_admin(user):

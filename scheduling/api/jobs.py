@@ -23,7 +23,7 @@ from rest_framework.response import Response
 from scheduling.api import serializers as s
 from scheduling.api.base import ERROR, ERRORS, ID_PARAM, IDEMPOTENCY, ApiView, BoundedJSONParser, JobCursor, _team_from_ref
 from scheduling.api.schema import query_text
-from scheduling.api.submission import JOB_FILE_PARSERS, _never_runnable, _one_at_a_time, _spec_from, _submission, _submit
+from scheduling.api.submission import JOB_FILE_PARSERS, _never_runnable, _spec_from, _submission, _submit, _submit_once
 from scheduling.core.types import Verdict
 from scheduling.models import Allocation, Job, JobEvent, JobKind, Task
 from scheduling.selectors import access_job, access_job_manage, jobs_visible, task_log_read, task_log_tail
@@ -89,10 +89,8 @@ class _JobCollection(ApiView):
         user = cast(User, request.user)  # IsAuthenticated let it through
         key = request.headers.get("Idempotency-Key") or None
         spec = _spec_from(body.validated_data, user=request.user, kind=self.kind)
-        with _one_at_a_time(user, key):
-            seen = key is not None and Job.objects.filter(user=user, idempotency_key=key).exists()
-            job = _submit(user, spec, key=key)
-        return Response(_detail(request, job), status=status.HTTP_200_OK if seen else status.HTTP_201_CREATED)
+        job, created = _submit_once(user, spec, key=key)
+        return Response(_detail(request, job), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 _STATES = "|".join(JobState.values)
@@ -147,9 +145,7 @@ class JobListCreateView(_JobCollection):
         user = cast(User, request.user)  # IsAuthenticated let it through
         key = request.headers.get("Idempotency-Key") or None
         spec = _spec_from(fields, user=request.user, kind=JobKind.BATCH)
-        with _one_at_a_time(user, key):
-            seen = key is not None and Job.objects.filter(user=user, idempotency_key=key).exists()
-            job = _submit(user, spec, key=key)
+        job, created = _submit_once(user, spec, key=key)
         context = {
             "viewer": request.user,
             "request": request,
@@ -158,9 +154,9 @@ class JobListCreateView(_JobCollection):
         }
         # A job made by this request is shown as job_submit returned it (no task yet, its one event); a
         # replay is read back whole, as it may have run since.
-        shown = _as_submitted(job) if not seen and hasattr(job, "submit_event") else _detail_queryset().get(pk=job.pk)
+        shown = _as_submitted(job) if created else _detail_queryset().get(pk=job.pk)
         out = s.JobSubmitOut(shown, context=context).data
-        return Response(out, status=status.HTTP_200_OK if seen else status.HTTP_201_CREATED)
+        return Response(out, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
 class JobPreviewView(ApiView):

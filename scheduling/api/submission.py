@@ -23,15 +23,14 @@ from rest_framework.request import Request
 
 from scheduling import jobfiles
 from scheduling.api import serializers as s
-from scheduling.api.base import _team_from_ref
 from scheduling.models import Job, JobKind, Node
 from scheduling.services import NEVER_RUNS, JobSpec, job_submit
 from tenants.models import Quota, UnitKind
-from tenants.selectors import teams_submittable
+from tenants.selectors import team_submittable, teams_submittable
 
 
 def _spec_from(data: dict[str, Any], *, user: Any, kind: str) -> JobSpec:
-    team = _team_from_ref(data["team"], user=user, candidates=teams_submittable(user=user))
+    team = team_submittable(user=user, ref=data["team"])
     if team is None:
         # the same answer for a team that exists elsewhere as for none: no probing of the org tree
         raise ValidationError({"team": ["No such team, or not one you may submit to"]})
@@ -172,6 +171,15 @@ def _submit(user: User, spec: JobSpec, *, key: str | None = None, copied_from: J
         if never is not None:
             raise never from None
         raise
+
+
+def _submit_once(user: User, spec: JobSpec, *, key: str | None) -> tuple[Job, bool]:
+    """(the job, whether this request made it): _submit under the Idempotency-Key lock. A job this call
+    made carries its submit event (job_submit sets it); one found for the key, a replay, does not, so
+    telling the two apart costs no query of its own."""
+    with _one_at_a_time(user, key):
+        job = _submit(user, spec, key=key)
+    return job, hasattr(job, "submit_event")
 
 
 @contextmanager

@@ -12,6 +12,8 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
+from django.db.models import FilteredRelation, Q
+
 from scheduling.core.fairshare import RESOURCES
 from scheduling.core.types import QuotaUnit
 from scheduling.selectors.usage import decayed_usage, fairshare_capacity
@@ -73,18 +75,25 @@ def quota_chain(*, team: OrgUnit, gpu_type: str) -> tuple[QuotaUnit, ...]:
     """The team and its ancestors with their guarantees and limits of one GPU type: all the quota tree
     the admission check needs (one query)."""
     ids = [int(part) for part in team.path.strip("/").split("/") if part] or [team.pk]
-    units = {u.pk: u for u in OrgUnit.objects.filter(pk__in=ids).only("id", "parent_id", "slug")}
-    _SLUGS.update({pk: u.slug for pk, u in units.items()})
-    quotas = {q.unit_id: q for q in Quota.objects.filter(unit_id__in=ids, gpu_type=gpu_type)}
+    # Each unit with its quota of this GPU type, if it has one, in one statement (a LEFT JOIN).
+    rows = (
+        OrgUnit.objects.filter(pk__in=ids)
+        .annotate(q=FilteredRelation("quotas", condition=Q(quotas__gpu_type=gpu_type)))
+        .values_list("id", "parent_id", "slug", "q__id", "q__guaranteed", "q__limit")
+        .order_by()
+    )
+    units = {pk: (parent_id, quota_id, guaranteed, limit) for pk, parent_id, slug, quota_id, guaranteed, limit in rows}
+    _SLUGS.update({pk: slug for pk, _, slug, *_ in rows})
     return tuple(
         QuotaUnit(
             name=unit_key(pk),
-            parent=unit_key(units[pk].parent_id) if units[pk].parent_id else None,  # type: ignore[arg-type]
-            guaranteed={gpu_type: quotas[pk].guaranteed} if pk in quotas else {},
-            limit={gpu_type: quotas[pk].limit} if pk in quotas and quotas[pk].limit is not None else {},  # type: ignore[dict-item]
+            parent=unit_key(parent_id) if parent_id else None,
+            guaranteed={gpu_type: guaranteed} if quota_id is not None else {},
+            limit={gpu_type: limit} if quota_id is not None and limit is not None else {},
         )
         for pk in ids
         if pk in units
+        for parent_id, quota_id, guaranteed, limit in [units[pk]]
     )
 
 

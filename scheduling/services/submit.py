@@ -128,14 +128,14 @@ NEVER_RUNS = "This job can never run"
 
 def _validate_spec(*, user: User, spec: JobSpec, capacity: Capacity | None = None) -> None:
     """Field errors a person can fix, keyed by field, all at once."""
-    from tenants.selectors import teams_submittable
+    from tenants.selectors import may_submit_to
 
     errors: dict[str, list[str]] = defaultdict(list)
     if not spec.name.strip():
         errors["name"].append("Give the job a name")
     elif len(spec.name) > 200:
         errors["name"].append("At most 200 characters")
-    if not teams_submittable(user=user).filter(pk=spec.team.pk).exists():
+    if not may_submit_to(user=user, team=spec.team):
         errors["team"].append("You cannot submit jobs for this team")
     if spec.tier not in (1, 2, 3):
         errors["tier"].append("Tier is 1 (production), 2 (research) or 3 (spot)")
