@@ -262,11 +262,8 @@ class Workloads:
             if account is not None:
                 self.hand_over(record, account)
             env = self.task_env(spec, record, account, base={} if container else os.environ)
-            if record.kind == "notebook" and container:
-                self.launch_failed(record, "a notebook in a container image is not supported yet: start it without an image")
-                return
             if record.kind == "notebook":
-                closed = launcher.closed_to_others(Path(sys.executable)) if account is not None else None
+                closed = launcher.closed_to_others(Path(sys.executable)) if account is not None and not container else None
                 if closed is not None:
                     self.launch_failed(
                         record,
@@ -275,7 +272,13 @@ class Workloads:
                     )
                     return
                 record.notebook = notebook.plan_notebook(address=node.config.address, env=env)
-                command = notebook.notebook_command(record.notebook, address=node.config.address, root_dir=record.run_dir)
+                if container:
+                    # The image's Jupyter on the host's network: it binds the planned address and port as a host one.
+                    command = notebook.image_notebook_command(
+                        record.notebook, address=node.config.address, root_dir=record.run_dir, allow_root=account is None
+                    )
+                else:
+                    command = notebook.notebook_command(record.notebook, address=node.config.address, root_dir=record.run_dir)
                 # Jupyter's runtime files (kernel connection files) per task, whatever the owner's home.
                 env["JUPYTER_RUNTIME_DIR"] = str(record.run_dir / ".jupyter-runtime")
         except OSError as exc:

@@ -47,21 +47,20 @@ def plan_notebook(*, address: str, env: dict[str, str]) -> NotebookInfo:
     return NotebookInfo(url=f"http://{host}:{port}{base_url}?token={token}", port=port, token=token, base_url=base_url)
 
 
+# No update or news check: GPU nodes often have no way out, and a notebook must not wait on one.
+LAB_OPTIONS = ("--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url=None")
+
+
 def jupyter_app() -> list[str]:
     """JupyterLab where it is installed (what users expect to open), else the bare Jupyter server."""
     if importlib.util.find_spec("jupyterlab") is not None:
-        # No update or news check: GPU nodes often have no way out, and a notebook must not wait on one.
-        return ["jupyterlab", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--LabApp.news_url=None"]
+        return ["jupyterlab", *LAB_OPTIONS]
     return ["jupyter_server"]
 
 
-def notebook_command(info: NotebookInfo, *, address: str, root_dir: Path) -> str:
-    app, *app_options = jupyter_app()
-    argv = [
-        sys.executable,
-        "-m",
-        app,
-        *app_options,
+def server_options(info: NotebookInfo, *, address: str, root_dir: Path, allow_root: bool) -> list[str]:
+    """Where the server listens (the address and port the agent planned and probes), under the portal's path."""
+    options = [
         f"--ServerApp.ip={address}",
         f"--ServerApp.port={info.port}",
         "--ServerApp.port_retries=0",
@@ -69,10 +68,41 @@ def notebook_command(info: NotebookInfo, *, address: str, root_dir: Path) -> str
         f"--ServerApp.base_url={info.base_url}",
         f"--ServerApp.root_dir={root_dir}",
     ]
-    if os.geteuid() == 0:
-        argv.append("--allow-root")
+    return [*options, "--allow-root"] if allow_root else options
+
+
+def notebook_command(info: NotebookInfo, *, address: str, root_dir: Path) -> str:
+    """The node's own Jupyter: this agent's Python runs it."""
+    app, *app_options = jupyter_app()
+    argv = [
+        sys.executable,
+        "-m",
+        app,
+        *app_options,
+        *server_options(info, address=address, root_dir=root_dir, allow_root=os.geteuid() == 0),
+    ]
     # exec: the server replaces the shell, so it is the process that gets the signals.
     return "exec " + shlex.join(argv)
+
+
+def image_notebook_command(info: NotebookInfo, *, address: str, root_dir: Path, allow_root: bool) -> str:
+    """The image's own Jupyter, in its container (docs/containers.md): what the image must provide is a
+    shell and `jupyter` on its PATH, as Kubeflow's and Run:ai's notebook images do. JupyterLab when the
+    image has it (`jupyter-lab`), else the bare Jupyter Server (`jupyter server`), with the same options
+    as on the host; the token comes in JUPYTER_TOKEN as there. The agent cannot look inside the image
+    before it runs, so the choice is the container's shell's."""
+    options = server_options(info, address=address, root_dir=root_dir, allow_root=allow_root)
+    lab = shlex.join(["jupyter", "lab", *LAB_OPTIONS, *options])
+    server = shlex.join(["jupyter", "server", *options])
+    missing = (
+        "echo \"yard-agent: this image has no jupyter on its PATH ($PATH): a notebook's image needs "
+        'JupyterLab or Jupyter Server and a kernel (ipykernel)" >&2; exit 127'
+    )
+    return (
+        f"if command -v jupyter-lab >/dev/null 2>&1; then exec {lab}; "
+        f"elif command -v jupyter >/dev/null 2>&1; then exec {server}; "
+        f"else {missing}; fi"
+    )
 
 
 def _get(url: str, token: str) -> Any:

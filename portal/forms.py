@@ -209,6 +209,19 @@ class NotebookForm(_TeamAndGpuTypeForm):
     gpu_type = forms.ChoiceField(label="GPU type")
     gpus = forms.IntegerField(min_value=1, max_value=8, initial=1, label="GPUs")
     tier = forms.TypedChoiceField(choices=Tier.choices, coerce=int, initial=Tier.RESEARCH)
+    image = forms.CharField(
+        max_length=images.MAX_REF,
+        required=False,
+        label="Image",
+        help_text="A container image with Jupyter (`jupyter` on its PATH and a kernel). Empty: the node's own JupyterLab",
+    )
+
+    def clean_image(self) -> str:
+        text = (self.cleaned_data.get("image") or "").strip()
+        try:
+            return str(images.parse_image(text)) if text else ""
+        except images.ImageError as exc:
+            raise ValidationError(str(exc)) from None
 
 
 class QuotaForm(forms.Form):

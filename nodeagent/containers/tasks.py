@@ -21,6 +21,7 @@ from nodeagent.containers.images import Image, ImageCache, PullError
 from nodeagent.containers.runtime import detect, from_ref
 from nodeagent.context import Node, TaskKey
 from nodeagent.journal import TaskRecord
+from nodeagent.notebook import JUPYTER_CONFIG
 
 GB = 1024**3
 # The job's command runs as `/bin/sh -c <command>` under a shell that is the container's init (pid 1)
@@ -136,6 +137,9 @@ class Containers:
         if self.node.gpus.simulated:
             record.util_file.touch()
             mounts.append(Mount(str(record.util_file), str(record.util_file)))
+        if record.notebook is not None:
+            # JUPYTER_CONFIG_PATH names the agent's page config (no token in JupyterLab's page) at its host path.
+            mounts.append(Mount(str(JUPYTER_CONFIG), str(JUPYTER_CONFIG), readonly=True))
         for item in container.get("mounts") or []:
             source, target = str(item.get("source") or ""), str(item.get("target") or item.get("source") or "")
             if not os.path.isabs(source) or not os.path.isabs(target):

@@ -56,6 +56,7 @@ def notebooks(request: HttpRequest) -> HttpResponse:
             kind=JobKind.NOTEBOOK,
             gpus_per_replica=data["gpus"],
             gpu_type=data["gpu_type"],
+            image=data.get("image") or "",
         )
         try:
             job = job_submit(user=signed_in(request), spec=spec)

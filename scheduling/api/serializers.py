@@ -151,9 +151,12 @@ class JobSubmitIn(ContainerFieldsIn):
 
 class NotebookSubmitIn(serializers.Serializer[Any]):
     name = serializers.CharField(max_length=200, validators=_NO_NUL)
-    # Refused when given (the agent cannot run a notebook in an image yet): said at submission, not on the node.
     image = serializers.CharField(
-        max_length=images.MAX_REF, allow_blank=True, default="", validators=_NO_NUL, help_text="Not supported yet: leave it out"
+        max_length=images.MAX_REF,
+        allow_blank=True,
+        default="",
+        validators=_NO_NUL,
+        help_text="A container image to run Jupyter in (it needs `jupyter` on its PATH and a kernel); empty: the node's own",
     )
     team = TeamRefField(max_length=100, validators=_NO_NUL, help_text="Team id or slug")
     tier = serializers.ChoiceField(choices=Tier.choices, default=Tier.RESEARCH)

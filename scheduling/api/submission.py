@@ -44,7 +44,7 @@ def _spec_from(data: dict[str, Any], *, user: Any, kind: str) -> JobSpec:
             gpus_per_replica=data["gpus"],
             gpu_type=data["gpu_type"],
             time_limit_s=data.get("time_limit_s"),
-            image=data.get("image", ""),  # refused by job_submit: a notebook cannot run in an image yet
+            image=data.get("image", ""),  # its Jupyter runs in the image (docs/containers.md)
         )
     return JobSpec(
         name=data["name"],

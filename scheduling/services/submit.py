@@ -204,9 +204,6 @@ def registry_allow() -> tuple[str, ...]:
 def _validate_container(spec: JobSpec, errors: dict[str, list[str]]) -> None:
     """The image against the deployment's allow-list (YARD_REGISTRY_ALLOW), its mounts and working directory."""
     if spec.image:
-        if spec.kind == JobKind.NOTEBOOK:
-            # The agent cannot run one yet (nodeagent/launch.py refuses it): said here, before it waits for GPUs.
-            errors["image"].append("A notebook in a container image is not supported yet: start it without an image")
         try:
             images.check_image(spec.image, allow=registry_allow())
         except images.ImageError as exc:

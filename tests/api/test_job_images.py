@@ -67,14 +67,22 @@ def test_an_image_from_a_registry_off_the_allow_list_is_a_400_naming_the_allowed
     assert submit(cast, image="nvcr.io/nvidia/pytorch:24.05-py3").status_code == 201
 
 
-def test_a_notebook_with_an_image_is_refused_at_submission(cast, nodes):
+def test_a_notebook_names_an_image_and_keeps_it_normalised(cast, nodes):
     response = token_client(cast.ann_token).post(
-        "/api/v1/notebooks", {"name": "nb", "team": cast.org.team_a.slug, "image": "python:3.12"}, format="json"
+        "/api/v1/notebooks", {"name": "nb", "team": cast.org.team_a.slug, "image": "jupyter/base-notebook:2024"}, format="json"
+    )
+    assert response.status_code == 201, response.content
+    assert response.json()["image"] == "docker.io/jupyter/base-notebook:2024"
+    assert Job.objects.get(pk=response.json()["id"]).image == "docker.io/jupyter/base-notebook:2024"
+
+
+def test_a_notebooks_image_off_the_allow_list_is_a_400(cast, nodes, settings):
+    settings.YARD = {**settings.YARD, "REGISTRY_ALLOW": ("nvcr.io",)}
+    response = token_client(cast.ann_token).post(
+        "/api/v1/notebooks", {"name": "nb", "team": cast.org.team_a.slug, "image": "ghcr.io/me/lab:1"}, format="json"
     )
     assert response.status_code == 400
-    assert response.json()["fields"]["image"] == [
-        "A notebook in a container image is not supported yet: start it without an image"
-    ]
+    assert "the registries allowed are nvcr.io" in response.json()["fields"]["image"][0]
 
 
 def test_a_rerun_keeps_the_image(cast, nodes):

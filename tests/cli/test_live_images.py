@@ -53,3 +53,11 @@ def test_image_flags_with_a_job_file_are_a_usage_error(harness: Harness, yard: Y
     done = yard.run("submit", str(job_file), "--image", NGC)
     assert done.returncode == 2
     assert "--image: with a job file, say it in the file" in done.stderr
+
+
+def test_notebook_launch_takes_an_image(harness: Harness, yard: Yard) -> None:
+    make_cluster(nodes=1)
+    done = yard.run("notebook", "launch", "--image", "jupyter/base-notebook:2024", "--json")
+    assert done.returncode == 0, done.stderr
+    job = Job.objects.get(pk=json.loads(done.stdout)["id"])
+    assert (job.kind, job.image) == ("notebook", "docker.io/jupyter/base-notebook:2024")

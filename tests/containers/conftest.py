@@ -6,6 +6,7 @@ with runc. Everything here needs root and those tools; without them the tests sk
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from collections.abc import Callable, Iterator
@@ -14,7 +15,19 @@ from typing import Any
 
 import pytest
 
-from bench.oci import APPLETS, PASSWORD, TOOLS, USER, Registry, build_image, missing, start_registry, wait_until  # noqa: F401  (re-exported)
+from bench.oci import (  # noqa: F401  (re-exported)
+    APPLETS,
+    IMAGE_MARK,
+    PASSWORD,
+    TOOLS,
+    USER,
+    Registry,
+    build_image,
+    build_python_image,
+    missing,
+    start_registry,
+    wait_until,
+)
 from nodeagent.containers.runtime import from_ref
 from tests.nodeagent.conftest import RunningAgent, portal, start_agent  # noqa: F401  (fixtures used here)
 
@@ -94,3 +107,13 @@ def container_spec(task_id: int, command: str, image: str, **overrides: Any) -> 
 def runc_ids(state_dir: Path) -> list[str]:
     done = subprocess.run(["runc", "--root", str(state_dir / "runc"), "list", "--format", "json"], capture_output=True, text=True)
     return [c["id"] for c in json.loads(done.stdout or "null") or []] if done.returncode == 0 else []
+
+
+@pytest.fixture(scope="session")
+def python_image(registry: Registry, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """An image with this interpreter's Python, Jupyter Server and ipykernel (bench/oci.py's
+    build_python_image), its layout cached under the test run's var folder between sessions."""
+    reference = registry.ref("python-jupyter")
+    cache = Path(os.environ.get("YARD_VAR_DIR") or tmp_path_factory.mktemp("var")) / "oci-cache"
+    build_python_image(tmp_path_factory.mktemp("python-image"), reference, cache=cache)
+    return reference

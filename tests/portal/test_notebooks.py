@@ -36,6 +36,16 @@ def test_launch_creates_a_pending_notebook_and_shows_its_page(client, cast):
     assert response["Location"] == reverse("notebook", args=[job.pk])
 
 
+def test_launch_with_an_image_keeps_it_and_a_bad_one_is_said_on_the_form(client, cast):
+    client.force_login(cast.ann)
+    form = {"team": cast.org.team_a.pk, "gpu_type": "H100", "gpus": 1, "tier": 2}
+    bad = client.post(reverse("notebooks"), {**form, "image": "nvcr.io/Bad/Name"})
+    assert bad.status_code == 400 and "is not a repository name part" in bad.content.decode()
+    assert not Job.objects.exists()
+    client.post(reverse("notebooks"), {**form, "image": "jupyter/base-notebook:2024"})
+    assert Job.objects.get().image == "docker.io/jupyter/base-notebook:2024"
+
+
 def test_owner_sees_open_and_is_redirected_to_the_notebook_proxy_without_a_token(client, cast, settings):
     settings.YARD_NOTEBOOK_URL = "http://127.0.0.1:8001"
     job = _running_notebook(cast, cast.ann)

@@ -39,17 +39,19 @@ def notebook() -> None:
 @click.option("--gpu-type", help="GPU type, e.g. H100")
 @click.option("--tier", type=click.IntRange(1, 3), help="1 production, 2 research (default), 3 spot")
 @click.option("-t", "--time", "time_limit", help="Time limit: seconds, 45m, 2h, 1d12h or HH:MM:SS")
+@click.option("--image", help="Run Jupyter in this container image (it needs `jupyter` on its PATH and a kernel)")
 @click.option("--open", "open_it", is_flag=True, help="Open it in the browser once it runs")
 @json_option
 @api_command
 def notebook_launch(
-    name: str, team: str | None, gpus: int, gpu_type: str | None, tier: int | None, time_limit: str | None, open_it: bool,
-    as_json: bool,
+    name: str, team: str | None, gpus: int, gpu_type: str | None, tier: int | None, time_limit: str | None,
+    image: str | None, open_it: bool, as_json: bool,
 ) -> None:  # fmt: skip
-    """Launch a notebook (JupyterLab on GPUs); the idle reaper stops it when its GPUs sit unused."""
+    """Launch a notebook (JupyterLab on GPUs, on the node or in --image); the idle reaper stops it when its
+    GPUs sit unused."""
     api = _api()
     payload: dict[str, Any] = {"name": name, "team": team or _only_team(api), "gpus": gpus}
-    optional = {"gpu_type": gpu_type, "tier": tier, "time_limit_s": _duration_s(time_limit, param="--time")}
+    optional = {"gpu_type": gpu_type, "tier": tier, "time_limit_s": _duration_s(time_limit, param="--time"), "image": image}
     payload.update({k: v for k, v in optional.items() if v is not None})
     nb = api.post("/api/v1/notebooks", json=payload)
     if as_json:
