@@ -1,155 +1,114 @@
-"""Jobs submitted through the REST API per second, and submit-to-placed latency, on 200 simulated nodes.
+"""REST submission through the whole stack: jobs/s, per-request latency and web CPU per job, with a long
+queue and a heartbeating fleet beside it.
 
-    python bench/api_submit.py                      # throwaway SQLite database in a temp dir
-    BENCH_POSTGRES=postgres://postgres@127.0.0.1:5432 python bench/api_submit.py
-                                                    # a throwaway PostgreSQL database on that server (dropped after)
+    python bench/api_submit.py                  # 500 agents, 5,000 jobs queued first, 4 clients post 2,000 more
+    python bench/api_submit.py --quick          # 125 agents, 1,000 queued, 600 posted
 
-What it does: builds a 200-node H100 cluster (8 GPUs each, 2 spines x 5 leaves, DB rows only) and
-4 teams, then submits jobs through POST /api/v1/jobs with a CI token (the real WSGI stack:
-authentication, throttle, serializer, admission check, insert). Scheduling cycles run in-process
-(no worker): one cycle after every batch of submissions, as a beat tick or a debounced kick
-would, and the simulated agents report ranks running and finish ~1/3 of the running gangs after
-each cycle, so the cluster keeps churning. Latency is from the submit response to the cycle that
-placed the job committing. Nothing here asserts a time.
+The parts are bench/stack.py's: gunicorn as the README runs it (2 workers x 4 threads), a Celery worker
+and beat, PostgreSQL (a throwaway database) and Redis, and the agents as `nodeagent.fleet` processes
+heartbeating over HTTP. The bench's own part is N HTTP clients (threads, one keep-alive connection
+each, an Idempotency-Key per job, a shed request retried after its Retry-After: bench/fill_e2e.py's).
+
+The jobs go to a team whose limit lets it hold 8 GPUs, so the queue grows as they arrive (8 run, the
+rest wait; the cycles walk them all) and no workloads start: what is measured is the submission path
+and the heartbeats beside it. Before the clients start, the queue is filled with `--queued` PENDING
+jobs written straight into the database.
+
+Web CPU per job: the web tier's CPU while the clients post, less what it spends on the fleet alone
+(measured for `--idle` seconds just before, at the same state), over the jobs. Nothing here asserts a time.
 """
 
 from __future__ import annotations
 
-import os
-import random
-import statistics
+import argparse
+import re
 import sys
-import tempfile
 import time
-import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-NODES = 200
-JOBS = int(os.environ.get("BENCH_JOBS", "400"))
-BATCH = int(os.environ.get("BENCH_BATCH", "10"))
-SHAPES = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 8), (4, 8)]
+from bench.fill_e2e import SHED, submit
+from bench.stack import Stack, cpu_seconds, pct
 
+QUEUE_TEAM = """
+from tenants.models import OrgUnit, UnitKind
+from tenants.services import unit_create, quota_set, token_create_service
+from tests.factories import make_user
+from scheduling.models import Job
+bu = OrgUnit.objects.get(slug="research")
+team = unit_create(actor=None, name="queue", kind=UnitKind.TEAM, parent=bu)
+quota_set(actor=None, unit=team, gpu_type="H100", guaranteed=0, limit=8)
+user = make_user("queuer", unit=team)
+Job.objects.bulk_create([Job(team=team, user=user, name="queued", gpu_type="H100", replicas=1, gpus_per_replica=1,
+                             command="exec sleep 3600", time_limit_s=7200, cpus_per_replica=14, memory_mb_per_replica=262144)
+                         for _ in range({queued})], batch_size=1000)
+print(token_create_service(actor=user, team=team, name="ci", expires_at=None).raw)
+"""
 
-def _database() -> tuple[str, str | None]:
-    """(DATABASE_URL, throwaway postgres db name to drop or None)."""
-    server = os.environ.get("BENCH_POSTGRES")
-    if not server:
-        return f"sqlite:///{tempfile.mkdtemp(prefix='yard-bench-')}/bench.sqlite3", None
-    import psycopg
-
-    name = f"yard_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(f"{server.rstrip('/')}/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    return f"{server.rstrip('/')}/{name}", name
-
-
-def _drop(name: str) -> None:
-    import psycopg
-    from django.db import connections
-
-    connections.close_all()
-    with psycopg.connect(f"{os.environ['BENCH_POSTGRES'].rstrip('/')}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+ACCESS = re.compile(r'"POST /api/v1/jobs HTTP/[\d.]+" (\d{3}) \S+ (\d+)ms')
 
 
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+def server_times(stack: Stack, start: int) -> tuple[list[float], int]:
+    """gunicorn's own time (ms) of each submission it took (2xx) from byte `start` of its access log, and its 503s."""
+    text = (stack.tmp / "web.log").read_bytes()[start:].decode(errors="replace")
+    taken, shed = [], 0
+    for status, ms in ACCESS.findall(text):
+        if status.startswith("2"):
+            taken.append(float(ms))
+        elif status in ("503", "429"):
+            shed += 1
+    return taken, shed
 
 
 def main() -> None:
-    url, throwaway = _database()
-    var = tempfile.mkdtemp(prefix="yard-bench-var-")
-    os.environ.update(
-        DATABASE_URL=url,
-        REDIS_URL="",  # file cache and broker under the temp dir: no shared state with anything else
-        YARD_VAR_DIR=var,
-        SECRET_KEY="bench-only-secret-key-0123456789abcdef0123456789abcdef",
-        ALLOWED_HOSTS="testserver",
-        YARD_TOKEN_THROTTLE="1000000/minute",
-        LOG_LEVEL="WARNING",
-        DJANGO_SETTINGS_MODULE="portal.settings",
-    )
-    for sub in ("broker/out", "broker/processed", "cache"):  # the zero-setup broker's folders (debounced cycle kicks land there)
-        Path(var, sub).mkdir(parents=True, exist_ok=True)
-    import django
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--agents", type=int, default=500, help="agents, each a node of 8 GPUs")
+    parser.add_argument("--queued", type=int, default=5000, help="PENDING jobs written before the clients start")
+    parser.add_argument("--jobs", type=int, default=2000, help="jobs the clients post")
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--idle", type=float, default=30.0, help="seconds of the fleet alone, for its share of the web CPU")
+    parser.add_argument("--quick", action="store_true", help="125 agents, 1,000 queued, 600 posted, 15 s idle")
+    args = parser.parse_args()
+    if args.quick:
+        args.agents, args.queued, args.jobs, args.idle = 125, 1000, 600, 15.0
+    nodes = args.agents
+    with Stack(nodes=nodes, fleets=max(1, min(4, nodes // 100))) as stack:
+        stack.wait_ready()
+        token = stack.django(QUEUE_TEAM.format(queued=args.queued)).strip().splitlines()[-1]
+        stack.token = token
+        print(f"state: {nodes} nodes (agents heartbeating over HTTP in {max(1, min(4, nodes // 100))} fleet processes), "
+              f"{args.queued} jobs PENDING; {args.clients} clients post {args.jobs} one-GPU jobs to a team that may hold 8 GPUs")  # fmt: skip
+        time.sleep(5)  # the first cycle over the new queue
+        web = stack.web_pids()
 
-    django.setup()
-    try:
-        run()
-    finally:
-        if throwaway:
-            _drop(throwaway)
+        before = cpu_seconds(web)
+        beats_before = len(stack.fleet_stats()["calls"].get("heartbeat", {}).get("latencies_s", []))
+        time.sleep(args.idle)
+        idle_rate = (cpu_seconds(web) - before) / args.idle
+        idle_beats = stack.fleet_stats()["calls"].get("heartbeat", {}).get("latencies_s", [])[beats_before:]
 
+        log_at = (stack.tmp / "web.log").stat().st_size
+        cpu_before = stack.component_cpu()
+        beats_before = len(stack.fleet_stats()["calls"].get("heartbeat", {}).get("latencies_s", []))
+        seconds, latencies, errors = submit(stack, args.jobs, clients=args.clients, label="api", team="queue")
+        cpu = {k: v - cpu_before.get(k, 0.0) for k, v in stack.component_cpu().items()}
+        beats = stack.fleet_stats()["calls"].get("heartbeat", {}).get("latencies_s", [])[beats_before:]
+        taken, shed_503 = server_times(stack, log_at)
+        queued = int(stack.sql("SELECT count(*) FROM scheduling_job WHERE state = 'PENDING'")[0][0])
 
-def run() -> None:
-    from django.core.management import call_command
-    from django.db import connection
-    from django.utils import timezone
-    from rest_framework.test import APIClient
-
-    from scheduling.cycle import run_cycle_once
-    from scheduling.models import Job, Task
-    from scheduling.services import task_mark_exited, task_mark_running
-    from scheduling.states import JobState, TaskState
-    from tenants.services import token_create_service
-    from tests.factories import make_shared_cluster
-
-    call_command("migrate", verbosity=0)
-    clients = []
-    for team_user, team in make_shared_cluster(NODES):
-        client = APIClient()
-        token = token_create_service(actor=team_user, team=team, name="ci", expires_at=None).raw
-        client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
-        clients.append((client, team.slug))
-
-    rng = random.Random(1)
-    submit_s: list[float] = []
-    cycle_s: list[float] = []
-    submitted_at: dict[int, float] = {}
-    latency: list[float] = []
-    started = time.perf_counter()
-    for batch_start in range(0, JOBS, BATCH):
-        for _ in range(min(BATCH, JOBS - batch_start)):
-            client, team = rng.choice(clients)
-            replicas, gpus = rng.choice(SHAPES)
-            body = {"name": "bench", "team": team, "replicas": replicas, "gpus_per_replica": gpus, "tier": 2}
-            t0 = time.perf_counter()
-            response = client.post("/api/v1/jobs", body, format="json", HTTP_IDEMPOTENCY_KEY=uuid.uuid4().hex)
-            t1 = time.perf_counter()
-            assert response.status_code == 201, response.content
-            submit_s.append(t1 - t0)
-            submitted_at[response.json()["id"]] = t1
-        t0 = time.perf_counter()
-        result = run_cycle_once()
-        t1 = time.perf_counter()
-        cycle_s.append(t1 - t0)
-        latency.extend(t1 - submitted_at[j] for j in result.placed)
-        # simulated agents: ranks start; a third of the running gangs finish
-        now = timezone.now()
-        for task in Task.objects.filter(state=TaskState.ASSIGNED):
-            task_mark_running(task=task, pid=1, started_at=now)
-        for job in Job.objects.filter(state=JobState.RUNNING):
-            if rng.random() < 1 / 3:
-                for task in Task.objects.filter(job=job, attempt=job.attempt, state=TaskState.RUNNING):
-                    task_mark_exited(task=task, exit_code=0, signal=None, stopped_by="", ended_at=now)
-    elapsed = time.perf_counter() - started
-    pending = Job.objects.filter(state=JobState.PENDING).count()
-
-    print(f"database: {connection.vendor}; {NODES} nodes x 8 H100 = {NODES * 8} GPUs; {JOBS} jobs in batches of {BATCH}")
-    print("cycles: in-process, one after every batch (no Celery worker)")
-    print(f"API submit: {len(submit_s) / sum(submit_s):.1f} jobs/s (serial, one client), "
-          f"p50 {1000 * _pct(submit_s, 50):.1f} ms, p99 {1000 * _pct(submit_s, 99):.1f} ms per request")  # fmt: skip
-    print(
-        f"cycle: p50 {1000 * _pct(cycle_s, 50):.0f} ms, p99 {1000 * _pct(cycle_s, 99):.0f} ms, max {1000 * max(cycle_s):.0f} ms"
-    )
-    if latency:
-        print(f"submit-to-placed: {len(latency)} jobs placed, p50 {_pct(latency, 50):.2f} s, p99 {_pct(latency, 99):.2f} s "
-              f"(mean {statistics.mean(latency):.2f} s); {pending} still pending at the end")  # fmt: skip
-    print(f"total {elapsed:.1f} s")
+        print(f"submit: {args.jobs} jobs over {args.clients} clients in {seconds:.1f} s: {args.jobs / seconds:.1f} jobs/s; "
+              f"per request p50 {1000 * pct(latencies, 50):.0f} ms, p99 {1000 * pct(latencies, 99):.0f} ms (client); "
+              f"server p50 {pct(taken, 50):.0f} ms, p99 {pct(taken, 99):.0f} ms; {len(errors)} errors{': ' + errors[0] if errors else ''}")  # fmt: skip
+        print(f"shed: {SHED['submissions']} submissions answered 503/429 and retried ({shed_503} in the access log), "
+              f"{SHED['broken']} broken connections retried; {queued} PENDING at the end")  # fmt: skip
+        web_job = (cpu.get("web", 0.0) - idle_rate * seconds) / args.jobs
+        print("CPU while posting: " + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(cpu.items()))
+              + f" (of {2 * seconds:.0f} core-seconds); the fleet alone kept the web tier at {idle_rate:.2f} cores; "
+              f"web CPU per job {1000 * web_job:.1f} ms (that subtracted; postgres counts only its backends alive at both ends)")  # fmt: skip
+        print(f"heartbeats: fleet alone {len(idle_beats)}, p50 {1000 * pct(idle_beats, 50):.0f} ms, p99 {1000 * pct(idle_beats, 99):.0f} ms; "
+              f"while posting {len(beats)}, p50 {1000 * pct(beats, 50):.0f} ms, p99 {1000 * pct(beats, 99):.0f} ms, "
+              f"max {1000 * max(beats or [0]):.0f} ms")  # fmt: skip
 
 
 if __name__ == "__main__":

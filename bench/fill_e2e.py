@@ -46,11 +46,11 @@ COMMAND = "exec sleep 3600"
 class Client(threading.Thread):
     """One CI pipeline: POSTs jobs over one keep-alive connection, as fast as answers come."""
 
-    def __init__(self, url: str, token: str, count: int, *, label: str) -> None:
+    def __init__(self, url: str, token: str, count: int, *, label: str, team: str = "bench") -> None:
         super().__init__(daemon=True)
         parts = urlsplit(url)
         self.host, self.port = parts.hostname or "127.0.0.1", parts.port or 80
-        self.token, self.count, self.label = token, count, label
+        self.token, self.count, self.label, self.team = token, count, label, team
         self.latencies: list[float] = []
         self.errors: list[str] = []
         self.shed = 0  # answers 503/429 "overloaded": retried after Retry-After
@@ -58,7 +58,7 @@ class Client(threading.Thread):
 
     def run(self) -> None:
         conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
-        body = json.dumps({"name": "fill", "team": "bench", "replicas": 1, "gpus_per_replica": 1, "gpu_type": "H100",
+        body = json.dumps({"name": "fill", "team": self.team, "replicas": 1, "gpus_per_replica": 1, "gpu_type": "H100",
                            "tier": 2, "command": COMMAND, "time_limit_s": 7200})  # fmt: skip
         for _ in range(self.count):
             self.post(conn, body)
@@ -101,11 +101,11 @@ class Client(threading.Thread):
 SHED = {"submissions": 0, "broken": 0}
 
 
-def submit(stack: Stack, jobs: int, *, clients: int = 4, label: str) -> tuple[float, list[float], list[str]]:
+def submit(stack: Stack, jobs: int, *, clients: int = 4, label: str, team: str = "bench") -> tuple[float, list[float], list[str]]:
     """(seconds, per-request latencies, errors) for `jobs` submissions over `clients` connections;
     the sheds and broken connections they met add to SHED."""
     share = [jobs // clients + (1 if i < jobs % clients else 0) for i in range(clients)]
-    threads = [Client(stack.url, stack.token, n, label=f"{label}{i}") for i, n in enumerate(share)]
+    threads = [Client(stack.url, stack.token, n, label=f"{label}{i}", team=team) for i, n in enumerate(share)]
     began = time.perf_counter()
     for t in threads:
         t.start()
@@ -114,6 +114,11 @@ def submit(stack: Stack, jobs: int, *, clients: int = 4, label: str) -> tuple[fl
     SHED["submissions"] += sum(t.shed for t in threads)
     SHED["broken"] += sum(t.broken for t in threads)
     return time.perf_counter() - began, [x for t in threads for x in t.latencies], [e for t in threads for e in t.errors]
+
+
+def _agent_calls(stack: Stack) -> int:
+    """Every call the agents made so far that the portal answered (accepted or shed)."""
+    return sum(c.get("ok", 0) + c.get("blind", 0) + c.get("refused", 0) for c in stack.fleet_stats()["calls"].values())
 
 
 def count(stack: Stack, state: str) -> int:
@@ -147,6 +152,7 @@ def run(args: argparse.Namespace) -> None:
         print(f"stack: gunicorn 2x4, Celery worker (2) + beat, PostgreSQL, Redis; {args.nodes} agents in {args.fleets} "
               f"fleet processes, all {args.nodes} nodes READY {ready_s:.0f} s after start")  # fmt: skip
         hb_before = len(stack.fleet_stats()["calls"].get("heartbeat", {}).get("latencies_s", []))
+        calls_before = _agent_calls(stack)
 
         # -- phase 1: fill
         cpu_before = stack.component_cpu()
@@ -163,6 +169,10 @@ def run(args: argparse.Namespace) -> None:
             + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(cpu_fill.items()))
             + f" (of {2 * seconds:.0f} core-seconds on 2 cores); web {1000 * cpu_fill.get('web', 0) / args.jobs:.1f} ms per job"
         )
+        # The web tier's CPU is not all the submissions': the agents' calls meanwhile are served by it too.
+        calls = _agent_calls(stack) - calls_before
+        print(f"web requests during the submissions: {args.jobs} jobs (+{SHED['submissions']} shed) and {calls} agent calls "
+              f"(heartbeats, status, logs); web CPU {1000 * cpu_fill.get('web', 0) / (args.jobs + calls):.1f} ms per request of both")  # fmt: skip
         placed_at = running_at = None
         deadline = full_at + 600
         while time.monotonic() < deadline:
@@ -219,6 +229,9 @@ def run(args: argparse.Namespace) -> None:
         print(f"shed: {SHED['submissions']} submissions answered 503/429 and retried after Retry-After, "
               f"{SHED['broken']} broken connections retried with the same Idempotency-Key; agents: {blind} calls answered "
               f"overloaded/unavailable (counted blind), {unreachable} timed out or refused")  # fmt: skip
+        print(f"longest agent silence: {stats['longest_silence_s']:.1f} s as the agents count it (shed time paused), "
+              f"{stats['longest_gap_s']:.1f} s between two accepted heartbeats of one agent; agents stop their work at 120 s "
+              f"(stop_after_s), the portal marks a node DOWN at 300 s")  # fmt: skip
         verdict = lost["requeued"] == 0 and lost["lost"] == 0 and stats["tasks_stopped_for_portal_loss"] == 0
         print(f"verdict: {'held' if verdict else 'NOT held'}: 0 jobs requeued or lost and 0 tasks stopped by agents "
               f"is the target; every one of the {args.jobs} fill jobs RUNNING: {count(stack, 'RUNNING') >= args.jobs}")  # fmt: skip

@@ -319,12 +319,16 @@ print(token_create_service(actor=user, team=team, name="bench", expires_at=None)
         return {master, *children_of(master)}
 
     def fleet_stats(self) -> dict[str, Any]:
-        pooled: dict[str, Any] = {"calls": {}, "agents_lost_portal": 0, "tasks_stopped_for_portal_loss": 0}
+        pooled: dict[str, Any] = {
+            "calls": {}, "agents_lost_portal": 0, "tasks_stopped_for_portal_loss": 0, "longest_silence_s": 0.0, "longest_gap_s": 0.0
+        }  # fmt: skip
         for path in self.tmp.glob("fleet-*.stats.json"):
             with contextlib.suppress(OSError, ValueError):
                 data = json.loads(path.read_text())
                 pooled["agents_lost_portal"] += data["agents_lost_portal"]
                 pooled["tasks_stopped_for_portal_loss"] += data["tasks_stopped_for_portal_loss"]
+                for key in ("longest_silence_s", "longest_gap_s"):
+                    pooled[key] = max(pooled[key], float(data.get(key, 0.0)))
                 for kind, entry in data["calls"].items():
                     into = pooled["calls"].setdefault(
                         kind, {"ok": 0, "blind": 0, "unreachable": 0, "refused": 0, "latencies_s": []}

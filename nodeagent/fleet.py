@@ -233,7 +233,13 @@ def write_stats(fleet: Fleet, path: Path) -> None:
             entry["latencies_s"] += stats.latencies_s[-2000:]  # type: ignore[operator]
     lost = sum(1 for agent in fleet.agents if agent.link.lost)
     stopped = sum(1 for agent in fleet.agents for r in agent.records.values() if r.stop_cause == "portal_unreachable")
-    body = {"agents": len(fleet.agents), "calls": pooled, "agents_lost_portal": lost, "tasks_stopped_for_portal_loss": stopped}
+    # An agent still silent now counts with its silence so far.
+    silence = max((max(agent.link.longest_silence_s, agent.link.silence()) for agent in fleet.agents), default=0.0)
+    gap = max(
+        (max(agent.link.longest_gap_s, agent.link.clock() - agent.link.last_contact) for agent in fleet.agents), default=0.0
+    )
+    body = {"agents": len(fleet.agents), "calls": pooled, "agents_lost_portal": lost, "tasks_stopped_for_portal_loss": stopped,
+            "longest_silence_s": silence, "longest_gap_s": gap}  # fmt: skip
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(body))
     tmp.replace(path)

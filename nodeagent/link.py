@@ -71,6 +71,10 @@ class PortalLink:
         self.blind_sent_at: float | None = None  # when its request went out
         self.blind_streak: float | None = None  # the portal's blind_since in that answer
         self.lost = False  # agent-side liveness tripped (set by stopping.py)
+        # The longest silence (as above) and the longest wall-clock gap between two accepted heartbeats so
+        # far: what a bench reads to say how close the agents came to stop_after_s.
+        self.longest_silence_s = 0.0
+        self.longest_gap_s = 0.0
         self._logged_at = -_LOG_EVERY_S
         self.stats: dict[str, CallStats] = {}
 
@@ -132,7 +136,10 @@ class PortalLink:
 
     def heartbeat_accepted(self) -> None:
         """The portal recorded a heartbeat: the silence clock starts again from zero."""
-        self.last_contact = self.clock()
+        now = self.clock()
+        self.longest_silence_s = max(self.longest_silence_s, now - self.last_contact - self.paused_s)
+        self.longest_gap_s = max(self.longest_gap_s, now - self.last_contact)
+        self.last_contact = now
         self.paused_s = 0.0
         self.last_blind_at = self.blind_sent_at = self.blind_streak = None
         if self.lost:

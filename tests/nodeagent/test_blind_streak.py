@@ -60,3 +60,18 @@ def test_a_new_streak_is_not_taken_for_the_old_one():
     # Every answer names a different streak: the portal split them, and the gaps between are not paused.
     silence = _silence_after_calls([1000.0 + i for i in range(10)])
     assert silence >= 35.0 - 9 * 0.5 - 1e-6
+
+
+def test_the_link_keeps_its_longest_silence_and_gap_between_accepted_heartbeats():
+    import logging
+
+    from nodeagent.link import PortalLink
+
+    now = [100.0]
+    link = PortalLink(log=logging.LoggerAdapter(logging.getLogger("t"), {}), clock=lambda: now[0], max_backoff_s=10.0)
+    now[0] = 130.0
+    link.paused_s = 12.0  # the portal said it was blind for 12 s of those 30
+    link.heartbeat_accepted()
+    now[0] = 140.0
+    link.heartbeat_accepted()
+    assert (link.longest_silence_s, link.longest_gap_s) == (18.0, 30.0)
