@@ -147,8 +147,10 @@ XDIST_GROUPS = {
     "tests/sso/": "sso",
     "tests/demo/test_devserver.py": "demo-devserver",
     "tests/demo/test_sqlite_demo.py": "demo-sqlite",
-    # Whole stacks (gunicorn, Celery, fleets) with their timings scaled down to seconds: one at a time,
-    # so two of them never fight for the same two cores (about six minutes in all, on one worker).
+    # Whole stacks (gunicorn, Celery, fleets) with their timings scaled down to seconds: one at a time
+    # per group, so no more than two of them fight for the same two cores. The database outages (three
+    # of about 100 s, mostly waiting out the outage) run beside the other faults (about four minutes).
+    "tests/faults/test_database_outage.py": "faults-db",
     "tests/faults/": "faults",
     "tests/containers/": "containers",
 }
