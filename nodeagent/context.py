@@ -47,3 +47,6 @@ class Node:
     records: dict[TaskKey, TaskRecord] = field(default_factory=dict)
     # Something changed that the journal should hold: written at the end of this turn of the loop.
     dirty: bool = False
+    # The container runtime found at the start ("runc"; "": none) and the words for it, said to the portal
+    # at registration and in every heartbeat: only nodes with one are given jobs that name an image.
+    container_runtime: tuple[str, str] = ("", "")

@@ -259,6 +259,8 @@ class Heartbeats:
             "tasks": [self.task_report(r, use.get(r.key)) for r in node.records.values() if not r.settled][: protocol.MAX_TASKS],
             "draining_reason": self.draining_reason(),
             "disk_problem": node.disk.problem(),
+            "container_runtime": node.container_runtime[0],
+            "container_runtime_note": node.container_runtime[1],
         }
         offset = node.clock_offset.estimate
         if offset is not None:

@@ -61,6 +61,8 @@ class Identity:
             "memory_mb": node.gpus.memory_mb,
             # Configured, else what NVML says (only real GPUs know one: simulated sources have none).
             "fabric_domain": config.fabric_domain or str(getattr(node.gpus, "fabric_domain", "")),
+            "container_runtime": node.container_runtime[0],
+            "container_runtime_note": node.container_runtime[1],
             "gpus": [gpu.to_json() for gpu in node.gpus.gpus()],
         }
         backoff = Backoff(initial_s=BACKOFF_INITIAL_S, max_s=30.0)

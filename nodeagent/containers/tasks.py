@@ -71,6 +71,7 @@ class Containers:
         config = node.config
         runtime, why = detect(config.container_runtime, state_dir=node.state_dir)
         (node.log.info if runtime is not None else node.log.warning)("%s", why)
+        node.container_runtime = (runtime.name if runtime is not None else "", why)
         cache = ImageCache(
             root=config.image_cache or node.state_dir / "images",
             max_bytes=int(config.image_cache_gb * GB),

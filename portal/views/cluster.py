@@ -137,6 +137,7 @@ def cluster_layout() -> tuple[list[SpineBox], dict[str, Any]]:
         if 0 < box.free < len(box.gpus):
             totals["fragmented_free"] += box.free
     summary = {**totals, "teams": sorted(teams.items()), "nodes": len(nodes), "all_nodes": nodes}
+    summary["with_runtime"] = sum(1 for n in nodes if n.container_runtime)
     for n in nodes:
         n.clock_words = clock_words(n.clock_skew_s)  # type: ignore[attr-defined]
     summary["not_ready"] = [

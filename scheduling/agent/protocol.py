@@ -293,6 +293,10 @@ HEARTBEAT = Obj(
         "agent_time": Prop(OPT_TIME),
         "clock_offset_s": Prop(CLOCK_OFFSET),
         "clock_offset_error_s": Prop(Float(0.0, 86_400.0, nullable=True, description="seconds")),
+        # As at registration, so a runtime installed or turned off since (and the agent restarted) is known;
+        # null (an older agent): the stored one stands.
+        "container_runtime": Prop(Str(32, nullable=True)),
+        "container_runtime_note": Prop(Str(1000, nullable=True)),
     }
 )
 MIG_PROFILE_PATTERN = r"(?:(?:[0-9]+c\.)?[0-9]+g\.[0-9]+gb)?"
@@ -326,6 +330,9 @@ REGISTER = Obj(
         # The multi-node NVLink domain the node is in (its --fabric-domain, or NVML's "<clusterUuid>/<cliqueId>");
         # "" (what an older agent gets): none.
         "fabric_domain": Prop(Str(128, description="multi-node NVLink domain id, unique in the cluster"), default=""),
+        # The container runtime the agent found ("runc"; "": none) and its words for it (docs/containers.md).
+        "container_runtime": Prop(Str(32), default=""),
+        "container_runtime_note": Prop(Str(1000), default=""),
         "gpus": Prop(List(GPU_INFO, MAX_GPUS, min_items=1), required=True),
     }
 )

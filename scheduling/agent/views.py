@@ -108,6 +108,8 @@ def register(request: HttpRequest, enrolment: EnrolmentToken, data: dict[str, An
         cpus=data["cpus"],
         memory_mb=data["memory_mb"],
         fabric_domain=data["fabric_domain"],
+        container_runtime=data["container_runtime"],
+        container_runtime_note=data["container_runtime_note"],
     )
     try:
         node, token = enrolment_service.node_enrol(enrolment=enrolment, registration=registration)

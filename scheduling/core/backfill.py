@@ -76,10 +76,10 @@ def earliest_fit(
 
     # A gang larger than a node is never searched within one node, so the copies skip the best-fit buckets.
     multi_node_only = need > st.ix.type_max_node.get(gpu_type, 0)
-    # The counts know GPUs only, and leaves, not fabric domains: a gang that may be short of cores or
-    # memory, or that must stay in one fabric domain, takes the search.
+    # The counts know GPUs only, and leaves, not fabric domains or node capabilities: a gang that may be
+    # short of cores or memory, that must stay in one fabric domain, or that needs capabilities, takes the search.
     light = st.ix.light(gpu_type, per_replica, job.cpus_per_replica, job.memory_mb_per_replica)
-    if COUNT_MULTI_NODE and multi_node_only and not job.one_fabric and not job.spread and light:
+    if COUNT_MULTI_NODE and multi_node_only and not job.one_fabric and not job.spread and not job.needs and light:
         agreed, counted = _earliest_in_counts(st, releases, cuts, reserved, gpu_type, replicas, per_replica, one_leaf, fits)
         if agreed:
             return counted

@@ -183,7 +183,7 @@ class _Model:
         for h in sorted(self.holdings, key=lambda h: (h.end, h.job_id)):
             for unit in self.quota.chain(h.team):
                 self._by_unit.setdefault((unit, h.gpu_type), []).append(h)
-        self._fits: dict[tuple[str, int, int, bool, int, int, bool, bool], Estimate | None] = {}
+        self._fits: dict[tuple[str, int, int, bool, int, int, bool, bool, frozenset[str]], Estimate | None] = {}
         # (unit, type, tier) -> the unit's holdings of tiers 1..tier by end time, and the GPUs their ends
         # free so far (a running sum): built once, read by every pending job of the unit (``_room``).
         self._runs: dict[tuple[str, str, int], tuple[list[_Holding], list[int]]] = {}
@@ -201,7 +201,7 @@ class _Model:
         one_leaf = job.replicas > 1 and not job.one_fabric and keep_in_leaf(self.ix, job, self.cfg, self.now)
         key = (
             job.gpu_type, job.replicas, job.gpus_per_replica, one_leaf, job.cpus_per_replica, job.memory_mb_per_replica,
-            job.one_fabric, job.one_per_node,
+            job.one_fabric, job.one_per_node, job.needs,
         )  # fmt: skip
         if key not in self._fits:
             found = earliest_fit(self.free, self.releases, set(), job, one_leaf=one_leaf)

@@ -145,6 +145,12 @@ class TopoIndex:
             self.type_max_node[node.gpu_type] = max(self.type_max_node.get(node.gpu_type, 0), len(gpus))
             self.max_node_size = max(self.max_node_size, len(gpus))
         self.gpu_types: list[str] = sorted(self.type_total)
+        # Capability -> the nodes that have it (``Node.capabilities``), for jobs that need one.
+        self.capable: dict[str, frozenset[int]] = {}
+        for ni, node in enumerate(nodes):
+            for capability in node.capabilities:
+                self.capable[capability] = self.capable.get(capability, frozenset()) | {ni}
+        self._allowed: dict[frozenset[str], frozenset[int]] = {}
         # CPU cores and memory: what each node may give (UNLIMITED where it does not say), each node's GPUs'
         # place in flat per-GPU lists, and per type the smallest share per GPU of any node (``light``).
         self.ncpu: list[int] = [n.cpus if n.cpus > 0 else UNLIMITED for n in nodes]
@@ -173,6 +179,18 @@ class TopoIndex:
         self._shape_cap: dict[tuple[str, int], int] = {}
         self._leaf_cap: dict[tuple[str, int], int] = {}
         self._fabric_cap: dict[tuple[str, int], int] = {}
+
+    def allowed_for(self, needs: frozenset[str]) -> frozenset[int] | None:
+        """The nodes that have every capability in ``needs``; None: no need, every node may take it."""
+        if not needs:
+            return None
+        found = self._allowed.get(needs)
+        if found is None:
+            found = frozenset(range(len(self.nodes)))
+            for capability in sorted(needs):
+                found &= self.capable.get(capability, frozenset())
+            self._allowed[needs] = found
+        return found
 
     def share_capacity(self) -> dict[str, int]:
         """What fair share divides usage by (``fairshare.dominant_share``): GPUs per type, and the cores

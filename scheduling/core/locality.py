@@ -54,7 +54,7 @@ class LeafChooser:
         # the same shape in an unchanged plan state give the same answer (many gangs share a shape).
         self.searches = 0  # fresh searches so far (Config.max_leaf_searches)
         # The third item: exact (False: a bound, "not before").
-        self._starts: dict[tuple[str, int, int, bool], tuple[Hashable, float | None, bool]] = {}
+        self._starts: dict[tuple[str, int, int, bool, frozenset[str]], tuple[Hashable, float | None, bool]] = {}
 
     def first_one_leaf(self, job: PendingJob) -> bool:
         """Whether ``job``'s search starts under one leaf only (``placement.keep_in_leaf``); notes why."""
@@ -170,7 +170,7 @@ class LeafChooser:
 
     def _cached(self, job: PendingJob, one_leaf: bool, version: Hashable, enough: float) -> tuple[bool, float | None]:
         """(True, start) where an answer found earlier in this plan decides; (False, None) where a search must."""
-        hit = self._starts.get((job.gpu_type, job.replicas, job.gpus_per_replica, one_leaf))
+        hit = self._starts.get((job.gpu_type, job.replicas, job.gpus_per_replica, one_leaf, job.needs))
         if hit is not None:
             seen, start, exact = hit
             if exact and start is None:
@@ -195,7 +195,7 @@ class LeafChooser:
         """The earliest start of this shape, searched again only when the plan state changed; ``enough``:
         a start at or after it decides as well as the exact one, and a cached start, from an earlier
         state, is never later than the exact one (free GPUs only shrink while planning), so it answers."""
-        key = (job.gpu_type, job.replicas, job.gpus_per_replica, one_leaf)
+        key = (job.gpu_type, job.replicas, job.gpus_per_replica, one_leaf, job.needs)
         known, start = self._cached(job, one_leaf, version, enough)
         if known:
             return start

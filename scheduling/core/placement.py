@@ -43,13 +43,16 @@ def find(
     memory_mb: int = 0,
     one_fabric: bool = False,
     one_per_node: bool = False,
+    allowed: frozenset[int] | None = None,
 ) -> Fit | None:
     """The best placement of ``replicas`` x ``per_replica`` GPUs of ``gpu_type`` in ``st``, or None;
     each replica with ``cpus`` cores and ``memory_mb`` MiB free on its node.
 
     ``one_leaf``: a gang that does not fit in one node fits only under one leaf switch, or not at all
     (see ``keep_in_leaf``). ``one_fabric``: it fits only inside one fabric domain (``PendingJob.one_fabric``).
-    ``one_per_node``: each replica on a node of its own (``PendingJob.one_per_node``).
+    ``one_per_node``: each replica on a node of its own (``PendingJob.one_per_node``). ``allowed``: only
+    these nodes may take a replica (those with the capabilities the job needs, ``TopoIndex.allowed_for``);
+    None: any.
     """
     ix = st.ix
     max_node = ix.type_max_node.get(gpu_type, 0)
@@ -58,6 +61,8 @@ def find(
         return None
     if st.type_free.get(gpu_type, 0) < need:
         return None
+    if allowed is not None:
+        return _find_among(st, gpu_type, replicas, per_replica, one_leaf, cpus, memory_mb, one_fabric, one_per_node, allowed)
     if one_per_node and replicas > 1:
         # The search over nodes with room, each node counted for one replica at most.
         room = dict.fromkeys(_room(st, gpu_type, per_replica, cpus, memory_mb), 1)
@@ -88,7 +93,37 @@ def find_job(st: FreeState, job: PendingJob, *, one_leaf: bool = False) -> Fit |
         memory_mb=job.memory_mb_per_replica,
         one_fabric=job.one_fabric,
         one_per_node=job.one_per_node,
+        allowed=st.ix.allowed_for(job.needs),
     )
+
+
+def _find_among(
+    st: FreeState,
+    gpu_type: str,
+    replicas: int,
+    per_replica: int,
+    one_leaf: bool,
+    cpus: int,
+    memory_mb: int,
+    one_fabric: bool,
+    one_per_node: bool,
+    allowed: frozenset[int],
+) -> Fit | None:
+    """``find`` over the ``allowed`` nodes only: the search over nodes with room (``_find_res``), the
+    others given none. The same order and best fit, so a job whose every node is allowed is placed
+    where the GPU-only search would place it."""
+    room = {ni: k for ni, k in _room(st, gpu_type, per_replica, cpus, memory_mb).items() if ni in allowed}
+    if one_per_node and replicas > 1:
+        room = dict.fromkeys(room, 1)
+    if sum(room.values()) < replicas:
+        return None
+    if replicas * per_replica <= st.ix.type_max_node.get(gpu_type, 0) and not (one_per_node and replicas > 1):
+        fit = _single_node_res(st, gpu_type, replicas, per_replica, {ni for ni, k in room.items() if k >= replicas})
+        if fit is not None:
+            return fit
+    if replicas > 1:
+        return _multi_node(st, gpu_type, replicas, per_replica, one_leaf, room, one_fabric)
+    return None
 
 
 def _gpus_only(

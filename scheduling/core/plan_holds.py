@@ -27,7 +27,10 @@ class PlanHolds(PlanState):
         """Preempt for ``job``: victims that free a placement (none when it fits on free GPUs and only a
         limit stops it) and, for each unit of ``excess`` (unit -> GPUs beyond its limit with the job),
         victims under that unit until it is back under its limit."""
-        key = (job.tier, job.team, job.gpu_type, job.replicas, job.gpus_per_replica, one_leaf, job.one_fabric, job.one_per_node)
+        key = (
+            job.tier, job.team, job.gpu_type, job.replicas, job.gpus_per_replica, one_leaf, job.one_fabric, job.one_per_node,
+            job.needs,
+        )  # fmt: skip
         if key in self._reclaim_fails:
             return False
         if self._reclaims >= self.cfg.max_reclaims:

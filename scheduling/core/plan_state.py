@@ -90,14 +90,14 @@ class PlanState:
         # Free GPUs only shrink while planning, so a shape that failed keeps failing:
         # (type, per replica, one leaf only, cores, memory, one fabric domain only) -> the fewest replicas
         # known not to fit.
-        self._fails: dict[tuple[str, int, bool, int, int, bool, bool], int] = {}
-        self._reclaim_fails: set[tuple[Tier, str, str, int, int, bool, bool, bool]] = set()
-        self._reason_cache: dict[tuple[str, int, int, bool, int, int, bool, bool], str] = {}
+        self._fails: dict[tuple[str, int, bool, int, int, bool, bool, frozenset[str]], int] = {}
+        self._reclaim_fails: set[tuple[Tier, str, str, int, int, bool, bool, bool, frozenset[str]]] = set()
+        self._reason_cache: dict[tuple[str, int, int, bool, int, int, bool, bool, frozenset[str]], str] = {}
         self._never: dict[tuple[str, int, int, int, int, bool], str | None] = {}
-        self._blocked_cache: dict[tuple[str, int, int, bool, int, int, int, int, bool, bool], str] = {}
+        self._blocked_cache: dict[tuple[str, int, int, bool, int, int, int, int, bool, bool, frozenset[str]], str] = {}
         self._held_version = 0  # bumped whenever a backfill reservation's held GPUs change
         self._strict_block: dict[str, str] = {}  # backfill off: type -> first blocked job
-        self._lend_fails: dict[tuple[str, int, bool, int, int, bool, bool, tuple[str, ...]], int] = {}
+        self._lend_fails: dict[tuple[str, int, bool, int, int, bool, bool, tuple[str, ...], frozenset[str]], int] = {}
         # How many pending jobs searched the free pool, and how many the failed-shape cache spared
         # (bench/core_plan.py prints both, so a reader sees how much of a plan's work is real).
         self.searches = 0
@@ -126,7 +126,7 @@ class PlanState:
     def _find(self, job: PendingJob, one_leaf: bool) -> Fit | None:
         key = (
             job.gpu_type, job.gpus_per_replica, one_leaf, job.cpus_per_replica, job.memory_mb_per_replica, job.one_fabric,
-            job.one_per_node,
+            job.one_per_node, job.needs,
         )  # fmt: skip
         failed = self._fails.get(key)
         r = job.replicas
@@ -149,7 +149,7 @@ class PlanState:
         # The pool (free GPUs plus those lent) only shrinks too, so failures are cached as in _find.
         key = (
             job.gpu_type, job.gpus_per_replica, one_leaf, job.cpus_per_replica, job.memory_mb_per_replica,
-            job.one_fabric, job.one_per_node, tuple(h.job_id for h in usable),
+            job.one_fabric, job.one_per_node, tuple(h.job_id for h in usable), job.needs,
         )  # fmt: skip
         failed = self._lend_fails.get(key)
         if failed is not None and job.replicas >= failed:
@@ -237,7 +237,7 @@ class PlanState:
     def _shape_reason(self, job: PendingJob, one_leaf: bool) -> str:
         key = (
             job.gpu_type, job.replicas, job.gpus_per_replica, one_leaf, job.cpus_per_replica, job.memory_mb_per_replica,
-            job.one_fabric, job.one_per_node,
+            job.one_fabric, job.one_per_node, job.needs,
         )  # fmt: skip
         if key not in self._reason_cache:
             self._reason_cache[key] = reasons.blocked(
@@ -263,11 +263,25 @@ class PlanState:
             job.memory_mb_per_replica,
             job.one_fabric,
             job.one_per_node,
+            job.needs,
         )
         text = self._blocked_cache.get(key)
         if text is None:
-            text = self._blocked_cache[key] = self._blocked_text(job, one_leaf)
+            text = self._blocked_cache[key] = self._needs_reason(job, self._blocked_text(job, one_leaf))
         return text
+
+    def _needs_reason(self, job: PendingJob, text: str) -> str:
+        """``text``, said after what a job that needs node capabilities is short of when some nodes of its
+        GPU type that take work lack them (``reasons.needs``), or that alone when none has them."""
+        allowed = self.ix.allowed_for(job.needs)
+        if allowed is None:
+            return text
+        nodes = [ni for ni in self.ix.type_nodes.get(job.gpu_type, ()) if self.ix.nodes[ni].schedulable]
+        have = sum(1 for ni in nodes if ni in allowed)
+        if have == len(nodes):
+            return text
+        note = reasons.needs(job.needs, have=have, of=len(nodes), gpu_type=job.gpu_type)
+        return note if have == 0 else f"{note}; {text}"
 
     def _blocked_text(self, job: PendingJob, one_leaf: bool) -> str:
         same_type = [h for h in self.held if h.gpu_type == job.gpu_type]

@@ -53,17 +53,25 @@ class Reclaimer(PrefixSearch):
 
         ``one_leaf``: only a placement under one leaf switch counts (``placement.keep_in_leaf``). A job
         of ``one_fabric`` counts only a placement inside one fabric domain; the counted fast paths know
-        leaves only, so it takes the plain prefix.
+        leaves only, so it takes the plain prefix, as does a job that ``needs`` node capabilities (the
+        counts know every node of its type).
         """
         need = job.gpu_count
         if st.type_free.get(job.gpu_type, 0) + self.gpus_of_type.get(job.gpu_type, 0) < need:
             return None
-        if need <= self.ix.type_max_node.get(job.gpu_type, 0) and not job.spread:
+        if need <= self.ix.type_max_node.get(job.gpu_type, 0) and not job.spread and not job.needs:
             found = self._one_node(st, job)
             if found is not None:
                 return found
         largest = self.ix.type_max_node.get(job.gpu_type, 0)
-        if one_leaf and self.count_in_one_leaf and need > largest and job.gpus_per_replica == largest and not job.one_fabric:
+        if (
+            one_leaf
+            and self.count_in_one_leaf
+            and need > largest
+            and job.gpus_per_replica == largest
+            and not job.one_fabric
+            and not job.needs
+        ):
             return self._prefix_whole_nodes(st, job)  # whole nodes: distinct ones, spread or not
         usable = self.usable(job, own_first=False)
         return self._prefix(st, job, usable, one_leaf) if usable else None

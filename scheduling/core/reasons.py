@@ -28,6 +28,19 @@ def relative(seconds: float) -> str:
     return f"in ~{round(hours / 24)} d"
 
 
+# What a job that needs a node capability (``types.CONTAINERS``…) waits for, and what the nodes that have it have.
+CAPABILITY_WORDS = {"containers": ("nodes that run containers", "have a runtime")}
+
+
+def needs(capabilities: Iterable[str], *, have: int, of: int, gpu_type: str) -> str:
+    """'needs nodes that run containers: 2 of 5 H100 nodes have a runtime'."""
+    parts = []
+    for capability in sorted(capabilities):
+        what, verb = CAPABILITY_WORDS.get(capability, (f"nodes with {capability}", f"have {capability}"))
+        parts.append(f"{what}: {have} of {of} {gpu_type} nodes {verb}")
+    return "needs " + "; ".join(parts)
+
+
 def memory_words(mib: int) -> str:
     """MiB as people read it: '512 MiB', '16 GiB', '1.5 TiB'."""
     if mib >= 1024 * 1024:

@@ -63,6 +63,9 @@ class Locality(IntEnum):
 
 # --------------------------------------------------------------------------- topology
 
+# A node capability (``Node.capabilities``, ``PendingJob.needs``): the node's agent runs containers.
+CONTAINERS = "containers"
+
 
 @dataclass(frozen=True, slots=True)
 class Gpu:
@@ -90,6 +93,9 @@ class Node:
     # The multi-node NVLink domain the node is in (a GB200 NVL72 rack: 18 trays of 4 GPUs in one NVLink
     # fabric), unique in the cluster; "": none. Every node of a fabric domain is under one leaf switch.
     fabric: str = ""
+    # What the node can do beyond its GPUs (``CONTAINERS``: it has a container runtime); a job that
+    # ``PendingJob.needs`` one is placed only on nodes that have it.
+    capabilities: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +162,9 @@ class PendingJob:
     # Each replica on a node of its own (Slurm's --nodes=N: N distinct nodes), never two on one node.
     one_per_node: bool = False
     name: str = ""  # the job's name, for reasons people read ("" where it has none)
+    # Node capabilities every node of its placement must have (``Node.capabilities``): ``CONTAINERS``
+    # for a job that runs in an image.
+    needs: frozenset[str] = frozenset()
 
     @property
     def gpu_count(self) -> int:

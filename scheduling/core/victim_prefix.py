@@ -30,6 +30,7 @@ class PrefixSearch(VictimSearch):
             and self.count_in_one_leaf
             and not job.one_fabric
             and not job.spread
+            and not job.needs
             and job.gpu_count > self.ix.type_max_node.get(job.gpu_type, 0)
         ):
             return self._prefix_in_one_leaf(st, job, usable)

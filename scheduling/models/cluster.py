@@ -66,6 +66,11 @@ class Node(models.Model):
     # The multi-node NVLink domain (a GB200 NVL72 rack) the node is in, unique in the cluster; blank: none.
     # Reported by the agent (its --fabric-domain, or NVML's GPU fabric info); its nodes share one leaf.
     fabric_domain = models.CharField(max_length=128, blank=True)
+    # The container runtime its agent found ("runc"; blank: none, or an agent that does not say) and the
+    # agent's words for it ("container runtime: runc (/usr/sbin/runc, …)", "no container runtime: runc is
+    # not installed …"). Only nodes with one take jobs that name an image (docs/containers.md).
+    container_runtime = models.CharField(max_length=32, blank=True)
+    container_runtime_note = models.CharField(max_length=255, blank=True)
 
     class Meta:
         ordering = ["name"]

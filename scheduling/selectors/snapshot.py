@@ -14,7 +14,7 @@ from typing import Any
 from django.db.models import BooleanField, ExpressionWrapper, FloatField, Func, Q, QuerySet
 from django.db.models.functions import Coalesce
 
-from scheduling.core.types import LeafLocality, PendingJob, RunningJob, Snapshot, Tier
+from scheduling.core.types import CONTAINERS, LeafLocality, PendingJob, RunningJob, Snapshot, Tier
 from scheduling.models import Allocation, Job
 from scheduling.selectors.config import scheduler_config
 from scheduling.selectors.quotas import _quotas, refresh_unit_keys, unit_key
@@ -95,6 +95,9 @@ def _running(now: datetime) -> tuple[RunningJob, ...]:
     return tuple(out)
 
 
+_IN_IMAGE, _NO_NEEDS = frozenset({CONTAINERS}), frozenset[str]()
+
+
 def pending_jobs() -> QuerySet[Job]:
     return Job.objects.filter(state=JobState.PENDING)
 
@@ -102,7 +105,7 @@ def pending_jobs() -> QuerySet[Job]:
 def _pending() -> tuple[PendingJob, ...]:
     fields = (
         "id", "team_id", "tier", "replicas", "gpus_per_replica", "gpu_type", "submitted_at", "time_limit_s", "priority",
-        "leaf_locality", "cpus_per_replica", "memory_mb_per_replica", "one_fabric", "one_per_node", "name",
+        "leaf_locality", "cpus_per_replica", "memory_mb_per_replica", "one_fabric", "one_per_node", "name", "image",
     )  # fmt: skip
     return tuple(
         PendingJob(
@@ -121,6 +124,8 @@ def _pending() -> tuple[PendingJob, ...]:
             one_fabric=one_fabric,
             one_per_node=one_per_node,
             name=name,
+            # A job that names an image runs only on nodes with a container runtime (docs/containers.md).
+            needs=_IN_IMAGE if image else _NO_NEEDS,
         )
         for (
             pk,
@@ -138,6 +143,7 @@ def _pending() -> tuple[PendingJob, ...]:
             one_fabric,
             one_per_node,
             name,
+            image,
         ) in pending_jobs().values_list(*fields)
     )
 

@@ -15,9 +15,9 @@ from typing import Any, cast
 from django.db import connection
 
 from scheduling.core.capacity import Capacity, capacity_of
+from scheduling.core.types import CONTAINERS, Topology
 from scheduling.core.types import Gpu as CoreGpu
 from scheduling.core.types import Node as CoreNode
-from scheduling.core.types import Topology
 from scheduling.models import Gpu, Node, NodeState
 from scheduling.selectors.config import yard_number
 
@@ -27,7 +27,16 @@ def _topology() -> Topology:
     this runs at every cycle and every submit's admission check, over every GPU of the cluster."""
     node_rows = list(
         Node.objects.order_by("name").values_list(
-            "id", "name", "leaf__name", "leaf__spine__name", "gpu_type", "state", "cpus", "memory_mb", "fabric_domain"
+            "id",
+            "name",
+            "leaf__name",
+            "leaf__spine__name",
+            "gpu_type",
+            "state",
+            "cpus",
+            "memory_mb",
+            "fabric_domain",
+            "container_runtime",
         )
     )
     node_types = {row[0]: row[4] for row in node_rows}
@@ -58,8 +67,10 @@ def _topology() -> Topology:
             cpus=max(cpus - reserve_cpus, 1) if cpus else 0,
             memory_mb=max(memory_mb - reserve_mb, 1) if memory_mb else 0,
             fabric=fabric,
+            # A node whose agent found a container runtime takes jobs that name an image (docs/containers.md).
+            capabilities=_WITH_CONTAINERS if runtime else _NONE,
         )
-        for pk, name, leaf, spine, gpu_type, state, cpus, memory_mb, fabric in node_rows
+        for pk, name, leaf, spine, gpu_type, state, cpus, memory_mb, fabric, runtime in node_rows
     }
     # A node's slices share its cores and memory with its whole GPUs; they are not held to them
     # (docs/scheduler-core.md, "MIG"): the whole GPUs' node is, and the agent limits each task.
@@ -78,6 +89,7 @@ def _topology() -> Topology:
     return Topology(nodes=nodes)
 
 
+_WITH_CONTAINERS, _NONE = frozenset({CONTAINERS}), frozenset[str]()
 MIG_NODE_MARK = "~"  # "h100-03~H100.1g.10gb": the core's node for one node's MIG instances of one type
 
 
@@ -95,7 +107,8 @@ _TOPOLOGY_MAX_AGE_S = 30.0
 
 
 def _topology_key() -> tuple[object, ...]:
-    """What changes when the topology does: the node set, any node's state, the set of unhealthy GPUs.
+    """What changes when the topology does: the node set, any node's state, the set of unhealthy GPUs,
+    the nodes that have a container runtime.
 
     One statement of index-only aggregates (every submission's admission check asks it), where reading
     the topology reads every GPU."""
@@ -104,7 +117,8 @@ def _topology_key() -> tuple[object, ...]:
         cursor.execute(
             f"SELECT COUNT(id), MAX(id), MAX(state_changed_at), "
             f"SUM(CASE WHEN state = %s THEN 1 ELSE 0 END), SUM(CASE WHEN state = %s THEN id ELSE 0 END), "
-            f"(SELECT COUNT(id) FROM {gpu} WHERE NOT healthy), (SELECT SUM(id) FROM {gpu} WHERE NOT healthy) "
+            f"(SELECT COUNT(id) FROM {gpu} WHERE NOT healthy), (SELECT SUM(id) FROM {gpu} WHERE NOT healthy), "
+            f"SUM(CASE WHEN container_runtime <> '' THEN id ELSE 0 END) "
             f"FROM {node}",
             [NodeState.READY, NodeState.READY],
         )

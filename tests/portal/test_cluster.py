@@ -51,3 +51,15 @@ def test_map_htmx_refresh_gets_only_the_map(client, cast):
     client.force_login(cast.ann)
     body = client.get(reverse("cluster"), HTTP_HX_REQUEST="true").content.decode()
     assert 'id="cluster-map"' in body and "<html" not in body
+
+
+def test_map_says_which_nodes_run_containers(client, cast):
+    Node.objects.filter(name="h100-01").update(
+        container_runtime="runc", container_runtime_note="container runtime: runc (/usr/sbin/runc)"
+    )
+    client.force_login(cast.ann)
+    response = client.get(reverse("cluster"))
+    body = response.content.decode()
+    assert f"1 of {Node.objects.count()} nodes run containers" in body
+    assert 'data-runtime="runc" title="container runtime: runc (/usr/sbin/runc)"' in body
+    assert "· no containers" in body

@@ -425,11 +425,17 @@ def _heartbeat(*, node: Node, heartbeat: Heartbeat, now: datetime) -> HeartbeatR
 
 
 def _store_node_health(*, node: Node, heartbeat: Heartbeat) -> None:
-    """The agent's disk problem and the measured skew of its clock, written only when they change."""
+    """The agent's disk problem, its container runtime and the measured skew of its clock, written only
+    when they change."""
     changes: dict[str, Any] = {}
     disk = (heartbeat.disk_problem or "")[:255]
     if disk != node.disk_problem:
         changes["disk_problem"] = disk
+    if heartbeat.container_runtime is not None and heartbeat.container_runtime != node.container_runtime:
+        changes["container_runtime"] = heartbeat.container_runtime
+    note = heartbeat.container_runtime_note
+    if note is not None and note[:255] != node.container_runtime_note:
+        changes["container_runtime_note"] = note[:255]
     skew = heartbeat.clock_skew_s
     if skew is not None and (node.clock_skew_s is None or abs(skew - node.clock_skew_s) >= SKEW_CORRECTED_S / 2):
         changes["clock_skew_s"] = round(skew, 3)

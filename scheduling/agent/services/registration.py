@@ -59,6 +59,8 @@ def node_register(*, enrolment: EnrolmentToken, registration: Registration, now:
         cpus=reg.cpus,
         memory_mb=reg.memory_mb,
         fabric_domain=reg.fabric_domain,
+        container_runtime=reg.container_runtime,
+        container_runtime_note=reg.container_runtime_note[:255],
         registered_at=now,
     )
     Gpu.objects.bulk_create(

@@ -51,6 +51,8 @@ class Registration:
     cpus: int = 0
     memory_mb: int = 0
     fabric_domain: str = ""  # the multi-node NVLink domain it is in; "": none
+    container_runtime: str = ""  # the container runtime its agent found ("runc"); "": none
+    container_runtime_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,8 @@ class Heartbeat:
     windows: Sequence[GpuWindowReport] = ()
     disk_problem: str | None = None  # the node's disk is (nearly) full: it takes no new work meanwhile
     clock_skew_s: float | None = None  # the agent's clock minus the portal's, as measured; None: not known
+    container_runtime: str | None = None  # the runtime the agent found ("": none); None: not said (an older agent)
+    container_runtime_note: str | None = None
 
 
 # A node's clock is corrected from this skew on (NTP keeps a healthy node within milliseconds, and
@@ -173,6 +177,8 @@ def heartbeat_from(data: dict[str, Any], *, received: float | None = None) -> He
             for t in data["tasks"]
         ],
         draining_reason=data["draining_reason"] or None,
+        container_runtime=data.get("container_runtime"),
+        container_runtime_note=data.get("container_runtime_note"),
     )
 
 
