@@ -1,8 +1,12 @@
+from typing import Any
+
+from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from scheduling import images
 from scheduling.agent.tokens import new_enrolment_token
 from scheduling.models import (
     Allocation,
@@ -14,10 +18,12 @@ from scheduling.models import (
     JobTemplate,
     Leaf,
     Node,
+    RegistryCredential,
     SchedulerLease,
     Spine,
     Task,
 )
+from scheduling.registry_credentials import MAX_PASSWORD, credential_delete, credential_set
 from scheduling.services import node_resume
 from tenants.models import hash_token
 from tenants.services import audit
@@ -144,3 +150,59 @@ class EnrolmentTokenAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         )
         if raw is not None:
             self.message_user(request, f"Enrolment token for {obj.name} (shown only now): {raw}", messages.SUCCESS)
+
+
+class RegistryCredentialForm(forms.ModelForm):  # type: ignore[type-arg]
+    """The password is write-only here as in the API: an empty box on every page, never the sealed text."""
+
+    password = forms.CharField(
+        widget=forms.PasswordInput(render_value=False),
+        max_length=MAX_PASSWORD,
+        strip=False,
+        help_text="The password or access token: sealed at rest and never shown again. Give it again to change the user.",
+    )
+
+    class Meta:
+        model = RegistryCredential
+        fields = ["unit", "registry", "username"]
+
+    def clean_registry(self) -> str:
+        try:
+            return images.parse_registry(self.cleaned_data["registry"])
+        except images.ImageError as exc:
+            raise ValidationError(str(exc)) from None
+
+
+@admin.register(RegistryCredential)
+class RegistryCredentialAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """A unit's login to a container registry (docs/containers.md). Saved and deleted through the same
+    services as the API (sealed, audited); the sealed password is neither listed, shown nor searchable."""
+
+    form = RegistryCredentialForm
+    list_display = ["registry", "username", "unit", "created_by", "updated_at"]
+    list_filter = ["registry"]
+    search_fields = ["registry", "username", "unit__name", "unit__slug"]
+    readonly_fields = ["created_by", "created_at", "updated_at"]
+
+    fields = ["unit", "registry", "username", "password", "created_by", "created_at", "updated_at"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        # Another unit or registry is another credential: set a new one and delete this.
+        return [*self.readonly_fields, "unit", "registry"] if obj is not None else list(self.readonly_fields)
+
+    def save_model(self, request: HttpRequest, obj: RegistryCredential, form: Any, change: bool) -> None:
+        saved, _ = credential_set(
+            actor=request.user,  # type: ignore[arg-type]
+            unit=obj.unit,
+            registry=obj.registry,
+            username=obj.username,
+            password=form.cleaned_data["password"],
+        )
+        obj.pk, obj.password_sealed = saved.pk, saved.password_sealed
+
+    def delete_model(self, request: HttpRequest, obj: RegistryCredential) -> None:
+        credential_delete(actor=request.user, credential=obj)  # type: ignore[arg-type]
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[RegistryCredential]) -> None:
+        for credential in queryset.select_related("unit"):
+            credential_delete(actor=request.user, credential=credential)  # type: ignore[arg-type]

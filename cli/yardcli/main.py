@@ -13,7 +13,7 @@ import click
 
 from yardcli import __version__
 from yardcli.client import credentials
-from yardcli.commands import auth, jobs, notebooks, submit, usage
+from yardcli.commands import auth, jobs, notebooks, registry, submit, usage
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -41,6 +41,7 @@ for command in (
     notebooks.notebook,
     usage.quota,
     usage.report,
+    registry.registry_credential,
 ):
     cli.add_command(command)
 
