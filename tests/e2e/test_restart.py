@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from django.utils import timezone
 
@@ -41,7 +39,14 @@ def test_a_restarted_agent_adopts_its_workload_and_starts_it_once(harness: Harne
         "heartbeats from the restarted agent",
         lambda: Node.objects.filter(name="e2e-a", last_heartbeat__gt=restarted_at).exists(),
     )
-    time.sleep(1.5)  # several more heartbeats and reconciliations
+    # Several more heartbeats, each a reconciliation in which a second start would happen.
+    beats: set[object] = set()
+
+    def three_more_beats() -> bool:
+        beats.add(Node.objects.values_list("last_heartbeat", flat=True).get(name="e2e-a"))
+        return len(beats) > 3
+
+    wait_for("three more heartbeats from the restarted agent", three_more_beats)
 
     (started,) = starts.read_text().split()  # started once, never again
     assert int(started) in before

@@ -33,6 +33,9 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+THREADS: dict[int, threading.Thread] = {}  # id(agent) -> the thread its loop runs in
+
+
 @pytest.fixture
 def agents(live_server: Any, settings: Any, tmp_path: Path) -> Iterator[Callable[[str, str], Agent]]:
     # The agent adopts the portal's interval; the default 10 s would make these tests slow.
@@ -59,6 +62,7 @@ def agents(live_server: Any, settings: Any, tmp_path: Path) -> Iterator[Callable
         thread = threading.Thread(target=agent.run, daemon=True)
         thread.start()
         started.append((agent, thread))
+        THREADS[id(agent)] = thread
         return agent
 
     yield start
@@ -147,7 +151,7 @@ def test_an_agent_back_from_down_kills_the_work_the_portal_requeued(agents: Call
     record = wait_for(lambda: first.records.get((task.pk, task.attempt)), what="the task started")
     wait_for(lambda: record.running_reported, what="the start reported")
     first.stop_event.set()  # the agent vanishes (a partition); its workload runs on
-    time.sleep(0.5)
+    wait_for(lambda: not THREADS[id(first)].is_alive(), what="the first agent's loop ended")
     assert nodes_check(now=timezone.now() + timedelta(seconds=600)).requeued_jobs == [job.pk]
     second = agents("int-n4", "leaf-0")
     stale = wait_for(lambda: second.records.get((task.pk, task.attempt)), what="the workload adopted")
