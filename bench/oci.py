@@ -157,9 +157,13 @@ def build_image(
 # -- a Python image with Jupyter, for notebooks in an image ------------------------------------------------
 # What the notebook image needs: Jupyter Server (the `jupyter` command) and a kernel (ipykernel).
 JUPYTER_DISTS = ("jupyter_server", "ipykernel")
-# Left out: the debugger (ipykernel runs without it, and it is a fifth of the size) and what only it needs.
-SKIP_DISTS = frozenset({"debugpy"})
-SKIP_STDLIB = frozenset({"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages", "__phello__"})
+# Left out, to keep the build short: the debugger (ipykernel runs without it) and jedi with parso (IPython
+# completes without them), a third of the packages' size; the standard library's tests, GUI and
+# packaging tools, and its optimised bytecode (-O, -OO: the kernel runs without them).
+SKIP_DISTS = frozenset({"debugpy", "jedi"})
+SKIP_STDLIB = frozenset(
+    {"test", "idlelib", "tkinter", "turtledemo", "ensurepip", "lib2to3", "site-packages", "__phello__", "distutils", "pydoc_data"}
+)
 JUPYTER_SCRIPT = "#!{python}\nimport sys\nfrom {module} import {func}\nsys.exit({func}())\n"
 
 
@@ -226,7 +230,7 @@ def fill_python(rootfs: Path) -> None:
             continue
         target = rootfs / str(item).lstrip("/")
         if item.is_dir():
-            ignore = shutil.ignore_patterns("_test*", "*_tkinter*", "xxlimited*", "test", "tests")
+            ignore = shutil.ignore_patterns("_test*", "*_tkinter*", "xxlimited*", "test", "tests", "*.opt-1.pyc", "*.opt-2.pyc")
             shutil.copytree(item, target, ignore=ignore, symlinks=True, dirs_exist_ok=True)
         else:
             _copy_file(item, rootfs)
@@ -282,8 +286,14 @@ def build_python_image(work: Path, reference: str, *, cache: Path | None = None)
         fill_python(rootfs)
         (rootfs / IMAGE_MARK.lstrip("/")).write_text("the yard test's Python image\n")
 
-    build_image(work, reference, env={}, cmd=["/usr/local/bin/jupyter", "server"], fill=fill, path="/usr/local/bin:/bin")
+    # PYTHONPATH, not the interpreter's own site rules: Debian's python3 looks in dist-packages, not site-packages.
+    site = Path(sys.base_prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
+    env = {"PYTHONPATH": str(site)}
+    build_image(work, reference, env=env, cmd=["/usr/local/bin/jupyter", "server"], fill=fill, path="/usr/local/bin:/bin")
     if cached is not None:
+        for stale in cached.parent.glob("*") if cached.parent.is_dir() else ():
+            if len(stale.name) == len(cached.name):  # another interpreter's or builder's image: no longer asked for
+                shutil.rmtree(stale, ignore_errors=True)
         partial = cached.with_name(cached.name + f".{os.getpid()}")
         shutil.rmtree(partial, ignore_errors=True)
         shutil.copytree(work / "layout", partial)

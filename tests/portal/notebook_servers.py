@@ -108,16 +108,18 @@ def point_at(job: Job, jupyter: Jupyter) -> None:
     Task.objects.filter(job=job).update(notebook_url=seal_url(jupyter.url))
 
 
-async def execute(ws_url: str, code: str, *, headers: dict[str, str], subprotocols: list[str] | None = None) -> str:
+async def execute(
+    ws_url: str, code: str, *, headers: dict[str, str], subprotocols: list[str] | None = None, open_timeout: float = 20
+) -> str:
     """Run ``code`` in a kernel over its websocket (Jupyter's message protocol, as JupyterLab speaks it) and
-    return what it printed."""
+    return what it printed. The handshake waits for the kernel's first answer (``open_timeout``)."""
     import websockets
 
     async with websockets.connect(
         ws_url,
         additional_headers=headers,
         subprotocols=subprotocols,
-        open_timeout=20,  # type: ignore[arg-type]
+        open_timeout=open_timeout,  # type: ignore[arg-type]
     ) as socket_:
         msg_id = uuid.uuid4().hex
         header = {
