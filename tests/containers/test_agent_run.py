@@ -141,3 +141,13 @@ def test_two_containers_rendezvous_over_the_hosts_network(portal: FakePortal, st
     assert exited(portal, 8)["exit_code"] == 0
     assert exited(portal, 7)["exit_code"] == 0
     assert "hello-rank-0" in log_of(portal, 7)
+
+
+def test_a_notebook_in_an_image_without_jupyter_ends_saying_what_the_image_lacks(
+    portal: FakePortal, start_ct_agent: StartAgent, image: str
+) -> None:
+    start_ct_agent()
+    portal.set_desired("node-t1", [container_spec(9, "", image, kind="notebook")])  # busybox: a shell, no jupyter
+    status = exited(portal, 9)
+    assert status["exit_code"] == 127
+    assert "this image has no jupyter on its PATH (/bin)" in log_of(portal, 9), log_of(portal, 9)
