@@ -185,6 +185,7 @@ class Heartbeats:
         self.next_heartbeat = 0.0
         self.node_state: str | None = None  # as the portal last said
         self.checkpoints: dict[TaskKey, tuple[float, float | None]] = {}
+        self.notebook_probes: dict[TaskKey, notebook.ProbeMemory] = {}
 
     def soon(self, delay_s: float = 1.0) -> None:
         """Send the next heartbeat within `delay_s` (something changed the portal should hear of)."""
@@ -236,14 +237,19 @@ class Heartbeats:
             "pid": record.pid,
             "started_at": record.started_at,
             "checkpoint_time": self._checkpoint_time(record, self.node.clock()),
-            "notebook": (
-                notebook.probe(record.notebook, address=self.node.config.address)
-                if record.notebook is not None and record.live
-                else None
-            ),
+            "notebook": self._notebook_report(record),
             # cpu_used, memory_used_mb, memory_peak_mb: only what was measured (an exited task sends none)
             **(use or {}),
         }
+
+    def _notebook_report(self, record: TaskRecord) -> dict[str, Any] | None:
+        if record.notebook is None or not record.live:
+            self.notebook_probes.pop(record.key, None)
+            return None
+        for gone in [key for key in self.notebook_probes if key not in self.node.records]:
+            del self.notebook_probes[gone]
+        memory = self.notebook_probes.setdefault(record.key, notebook.ProbeMemory())
+        return notebook.probe(record.notebook, address=self.node.config.address, memory=memory)
 
     def send_if_due(self, now: float) -> None:
         node = self.node

@@ -10,6 +10,7 @@ import shlex
 import sys
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,10 @@ from nodeagent.journal import NotebookInfo
 from nodeagent.launcher import free_port
 
 PROBE_TIMEOUT_S = 2.0
+# Probes in a row that a server which has answered may miss before the report says it does not answer.
+# The portal's proxy forwards only while it answers: on a loaded node one probe that outlasts its
+# timeout would otherwise cut the browser off for a whole heartbeat, while Jupyter itself is fine.
+MISSES_TOLERATED = 2
 JUPYTER_CONFIG = Path(__file__).resolve().parent / "jupyter_config"
 
 
@@ -120,8 +125,19 @@ def _epoch(iso: object) -> float | None:
         return None
 
 
-def probe(info: NotebookInfo, *, address: str) -> dict[str, Any]:
-    """The heartbeat's `notebook` object; activity fields are None while the server does not answer."""
+@dataclass
+class ProbeMemory:
+    """A notebook's last answer to the probe, and how many probes in a row it has missed since."""
+
+    last: dict[str, Any] | None = None
+    misses: int = 0
+
+
+def probe(info: NotebookInfo, *, address: str, memory: ProbeMemory | None = None) -> dict[str, Any]:
+    """The heartbeat's `notebook` object; activity fields are None while the server does not answer.
+
+    With ``memory``, a server that has answered before and misses at most MISSES_TOLERATED probes in a
+    row is reported as it last answered (a miss on a loaded node is not a server gone)."""
     host = f"[{address}]" if ":" in address else address
     api = f"http://{host}:{info.port}{info.base_url}api/"
     report: dict[str, Any] = {"url": info.url, "kernel_busy": None, "last_activity": None, "kernels": None, "connections": None}
@@ -129,9 +145,14 @@ def probe(info: NotebookInfo, *, address: str) -> dict[str, Any]:
         status = _get(api + "status", info.token)
         kernels = _get(api + "kernels", info.token)
     except (urllib.error.URLError, OSError, ValueError):
+        if memory is not None and memory.last is not None and memory.misses < MISSES_TOLERATED:
+            memory.misses += 1
+            return dict(memory.last)
         return report
     report["last_activity"] = _epoch(status.get("last_activity"))
     report["kernels"] = status.get("kernels")
     report["connections"] = status.get("connections")
     report["kernel_busy"] = any(k.get("execution_state") == "busy" for k in kernels if isinstance(k, dict))
+    if memory is not None:
+        memory.last, memory.misses = dict(report), 0
     return report
