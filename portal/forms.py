@@ -43,6 +43,15 @@ def format_env(env: dict[str, Any]) -> str:
     return "\n".join(f"{k}={v}" for k, v in env.items())
 
 
+def clean_image_ref(value: str | None) -> str:
+    """An image reference as stored (normalised as Docker does), or "" for none; a clear error otherwise."""
+    text = (value or "").strip()
+    try:
+        return str(images.parse_image(text)) if text else ""
+    except images.ImageError as exc:
+        raise ValidationError(str(exc)) from None
+
+
 class _TeamAndGpuTypeForm(forms.Form):
     """A form whose ``team`` is chosen among the user's teams and ``gpu_type`` among the cluster's types."""
 
@@ -131,11 +140,7 @@ class JobForm(_TeamAndGpuTypeForm):
         return parse_env(self.cleaned_data.get("env") or "")
 
     def clean_image(self) -> str:
-        text = (self.cleaned_data.get("image") or "").strip()
-        try:
-            return str(images.parse_image(text)) if text else ""
-        except images.ImageError as exc:
-            raise ValidationError(str(exc)) from None
+        return clean_image_ref(self.cleaned_data.get("image"))
 
     def clean_container_mounts(self) -> list[dict[str, Any]]:
         try:
@@ -217,11 +222,7 @@ class NotebookForm(_TeamAndGpuTypeForm):
     )
 
     def clean_image(self) -> str:
-        text = (self.cleaned_data.get("image") or "").strip()
-        try:
-            return str(images.parse_image(text)) if text else ""
-        except images.ImageError as exc:
-            raise ValidationError(str(exc)) from None
+        return clean_image_ref(self.cleaned_data.get("image"))
 
 
 class QuotaForm(forms.Form):
