@@ -59,6 +59,11 @@ def teams_submittable(*, user: AnyUser) -> QuerySet[OrgUnit]:
     return teams_visible(user=user)
 
 
+def unit_ref_lookup(ref: str) -> Q:
+    """The filter for a unit named by its id or its slug (an id too long for a bigint is a slug)."""
+    return Q(slug=ref) | Q(pk=int(ref)) if ref.isdigit() and len(ref) < 19 else Q(slug=ref)
+
+
 def may_submit_to(*, user: AnyUser, team: OrgUnit) -> bool:
     """Whether ``team`` is one of teams_submittable(user=user), decided from the user's memberships (read
     once per request) and the team's own kind and path, without a query: every submission asks it."""
@@ -81,8 +86,7 @@ def team_submittable(*, user: AnyUser, ref: str) -> OrgUnit | None:
     teams, already read with their memberships, so it costs no query."""
     ms = _memberships(user)
     if not user.is_authenticated or is_cluster_admin(user) or any(m.role == Role.ORG_ADMIN for m in ms):
-        lookup = Q(slug=ref) | Q(pk=int(ref)) if ref.isdigit() and len(ref) < 19 else Q(slug=ref)
-        return teams_submittable(user=user).filter(lookup).first()
+        return teams_submittable(user=user).filter(unit_ref_lookup(ref)).first()
     pk = int(ref) if ref.isdigit() and len(ref) < 19 else None
     found = [
         m.unit

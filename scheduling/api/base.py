@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 from rest_framework import exceptions
@@ -23,6 +23,7 @@ from scheduling.api.errors import api_exception_handler
 from scheduling.api.permissions import TokenRateThrottle, add_rate_limit_headers
 from scheduling.api.schema import ApiTokenScheme  # noqa: F401  (registers the auth scheme)
 from tenants.models import OrgUnit
+from tenants.selectors import unit_ref_lookup
 
 ERROR = OpenApiResponse(description='{"code": "...", "message": "...", "fields": {"field": ["..."]}}')
 ERRORS = {400: ERROR, 401: ERROR, 403: ERROR, 404: ERROR, 429: ERROR}
@@ -86,5 +87,4 @@ class JobCursor(CursorPagination):
 
 
 def _team_from_ref(ref: str, *, user: Any, candidates: QuerySet[OrgUnit]) -> OrgUnit | None:
-    lookup = Q(slug=ref) | Q(pk=int(ref)) if ref.isdigit() and len(ref) < 19 else Q(slug=ref)
-    return candidates.filter(lookup).first()
+    return candidates.filter(unit_ref_lookup(ref)).first()

@@ -65,6 +65,8 @@ class Locality(IntEnum):
 
 # A node capability (``Node.capabilities``, ``PendingJob.needs``): the node's agent runs containers.
 CONTAINERS = "containers"
+NO_CAPABILITIES: frozenset[str] = frozenset()
+WITH_CONTAINERS: frozenset[str] = frozenset({CONTAINERS})
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from typing import Any
 from django.db.models import BooleanField, ExpressionWrapper, FloatField, Func, Q, QuerySet
 from django.db.models.functions import Coalesce
 
-from scheduling.core.types import CONTAINERS, LeafLocality, PendingJob, RunningJob, Snapshot, Tier
+from scheduling.core.types import NO_CAPABILITIES, WITH_CONTAINERS, LeafLocality, PendingJob, RunningJob, Snapshot, Tier
 from scheduling.models import Allocation, Job
 from scheduling.selectors.config import scheduler_config
 from scheduling.selectors.quotas import _quotas, refresh_unit_keys, unit_key
@@ -95,9 +95,6 @@ def _running(now: datetime) -> tuple[RunningJob, ...]:
     return tuple(out)
 
 
-_IN_IMAGE, _NO_NEEDS = frozenset({CONTAINERS}), frozenset[str]()
-
-
 def pending_jobs() -> QuerySet[Job]:
     return Job.objects.filter(state=JobState.PENDING)
 
@@ -125,7 +122,7 @@ def _pending() -> tuple[PendingJob, ...]:
             one_per_node=one_per_node,
             name=name,
             # A job that names an image runs only on nodes with a container runtime (docs/containers.md).
-            needs=_IN_IMAGE if image else _NO_NEEDS,
+            needs=WITH_CONTAINERS if image else NO_CAPABILITIES,
         )
         for (
             pk,

@@ -15,7 +15,7 @@ from typing import Any, cast
 from django.db import connection
 
 from scheduling.core.capacity import Capacity, capacity_of
-from scheduling.core.types import CONTAINERS, Topology
+from scheduling.core.types import NO_CAPABILITIES, WITH_CONTAINERS, Topology
 from scheduling.core.types import Gpu as CoreGpu
 from scheduling.core.types import Node as CoreNode
 from scheduling.models import Gpu, Node, NodeState
@@ -68,7 +68,7 @@ def _topology() -> Topology:
             memory_mb=max(memory_mb - reserve_mb, 1) if memory_mb else 0,
             fabric=fabric,
             # A node whose agent found a container runtime takes jobs that name an image (docs/containers.md).
-            capabilities=_WITH_CONTAINERS if runtime else _NONE,
+            capabilities=WITH_CONTAINERS if runtime else NO_CAPABILITIES,
         )
         for pk, name, leaf, spine, gpu_type, state, cpus, memory_mb, fabric, runtime in node_rows
     }
@@ -89,7 +89,6 @@ def _topology() -> Topology:
     return Topology(nodes=nodes)
 
 
-_WITH_CONTAINERS, _NONE = frozenset({CONTAINERS}), frozenset[str]()
 MIG_NODE_MARK = "~"  # "h100-03~H100.1g.10gb": the core's node for one node's MIG instances of one type
 
 
