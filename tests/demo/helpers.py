@@ -111,12 +111,14 @@ def call(method: str, url: str, *, token: str | None = None, body: Any = None, t
 SHED: list[str] = []  # the URLs answered 503 "overloaded" and retried by call_politely, for the tests to report
 
 
-def call_politely(method: str, url: str, **kwargs: Any) -> tuple[int, Any]:
+def call_politely(method: str, url: str, *, retry: tuple[str, ...] = ("overloaded",), **kwargs: Any) -> tuple[int, Any]:
     """As the CLI calls: a request the web tier shed (503 "overloaded", portal/middleware.py
-    AdmissionMiddleware) is retried after a second, as its Retry-After asks; any other answer is final."""
+    AdmissionMiddleware) is retried after a second, as its Retry-After asks; any other answer is final.
+    ``retry`` names the 503 codes retried (the CLI retries every 503; a test that must see "unavailable"
+    keeps the default)."""
     for _ in range(30):
         status, body = call(method, url, **kwargs)
-        if not (status == 503 and isinstance(body, dict) and body.get("code") == "overloaded"):
+        if not (status == 503 and isinstance(body, dict) and body.get("code") in retry):
             return status, body
         SHED.append(url)
         time.sleep(1.0)
