@@ -38,6 +38,12 @@ def yard_settings(var_dir: Path) -> dict[str, object]:
         "DEFAULT_MEMORY_MB_PER_GPU": env_int("YARD_DEFAULT_MEMORY_MB_PER_GPU", 64 * 1024, minimum=1),
         "SYSTEM_RESERVE_CPUS": env_int("YARD_SYSTEM_RESERVE_CPUS", 2, minimum=0),
         "SYSTEM_RESERVE_MEMORY_MB": env_int("YARD_SYSTEM_RESERVE_MEMORY_MB", 8 * 1024, minimum=0),
+        # Inference services (docs/services.md): the controller's beat; how long a replica is out of the
+        # proxy's rotation before it is stopped (the proxy's route cache plus the longest usual request);
+        # the proxy's measuring window (requests/s, p50/p99, in-flight for the autoscaler).
+        "SERVICE_TICK_S": env_float("YARD_SERVICE_TICK_S", 2.0, minimum=0.2),
+        "SERVICE_DRAIN_S": env_float("YARD_SERVICE_DRAIN_S", 5.0, minimum=0),
+        "SERVICE_WINDOW_S": env_float("YARD_SERVICE_WINDOW_S", 5.0, minimum=0.5),
         # node liveness (relations asserted in tests: stop-after + grace < DOWN)
         "HEARTBEAT_INTERVAL_S": env_float("YARD_HEARTBEAT_INTERVAL_S", 10.0, minimum=0.2),
         # The most an agent's call waits on the database in all before it answers 503 "unavailable" (0:

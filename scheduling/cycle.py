@@ -244,7 +244,10 @@ def enforce_time_limits(*, lease: Lease, now: datetime) -> list[int]:
     Only the overdue are read: the database compares start + limit with now, so a cluster of thousands of
     running jobs costs one indexed query per cycle, not a model instance each."""
     stopped: list[int] = []
-    running = Job.objects.filter(state=JobState.RUNNING, stop_requested_at__isnull=True, started_at__isnull=False)
+    # A limit of 0 is none: a service's replicas run until the service scales down or is deleted.
+    running = Job.objects.filter(
+        state=JobState.RUNNING, stop_requested_at__isnull=True, started_at__isnull=False, time_limit_s__gt=0
+    )
     if connection.vendor == "postgresql":
         end = ExpressionWrapper(F("started_at") + F("time_limit_s") * timedelta(seconds=1), output_field=DateTimeField())
         overdue: QuerySet[Job] = running.annotate(ends_at=end).filter(ends_at__lte=now)

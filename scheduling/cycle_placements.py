@@ -16,7 +16,7 @@ from django.conf import settings
 from django.db.models import Q
 
 from scheduling.core.types import Locality, Placement, Snapshot
-from scheduling.models import Allocation, Job, JobEvent, Node, Task
+from scheduling.models import Allocation, Job, JobEvent, Node, Service, Task
 from scheduling.selectors import node_name_of
 from scheduling.states import TASK_LIVE_STATES, JobState, TaskState
 from tenants.models import AuditEntry
@@ -189,9 +189,23 @@ class _PlacementWriter:
             .order_by("job_id", "attempt")
             .values_list("job_id", "master_port")
         )  # the last attempt's port wins (ordered by attempt)
+        # A service that names its port (docs/services.md) serves on that one: its replica waits for it.
+        service_ids = {jobs[j].service_id for j in addrs if jobs[j].service_id is not None}
+        fixed_ports = dict(Service.objects.filter(pk__in=service_ids, port__isnull=False).values_list("pk", "port"))
         chosen: dict[int, int] = {}
         for job_id, addr in addrs.items():
             used = taken.setdefault(addr, set())
+            fixed = fixed_ports.get(jobs[job_id].service_id)
+            if fixed is not None:
+                if fixed in used:
+                    self.skipped[job_id] = (
+                        f"waiting for port {fixed} at {addr} (node {masters[job_id].name}): another live job or replica "
+                        "serves or meets there; a service without a fixed port gets a free one in $PORT"
+                    )
+                    continue
+                used.add(fixed)
+                chosen[job_id] = fixed
+                continue
             wanted = previous.get(job_id)
             port = wanted if wanted is not None and wanted in self.ports and wanted not in used else None
             if port is None:

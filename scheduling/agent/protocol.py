@@ -265,6 +265,23 @@ NOTEBOOK = Obj(
     },
     nullable=True,
 )
+SERVICE = Obj(
+    {
+        # Where rank 0 serves (http://address:port), whether its readiness probe passes now, whether its
+        # liveness probe does (null: none configured or not probed yet), and its in-place restarts.
+        "url": Prop(Str(300, nullable=True)),
+        "ready": Prop(Bool()),
+        "live": Prop(Bool()),
+        "restarts": Prop(Int(0, INT32_MAX), default=0),
+        "last_restart_at": Prop(OPT_TIME),
+        "last_exit_code": Prop(Int(-255, 255, nullable=True)),
+        "crash_looping": Prop(Bool(nullable=False), default=False),
+        # The agent's words on its last restart or failed probe.
+        "message": Prop(Str(1000, nullable=True)),
+    },
+    nullable=True,
+    description="A service replica's state on its node (docs/services.md): probes and in-place restarts.",
+)
 TASK_REPORT = Obj(
     {
         "task_id": Prop(Int(1, INT64_MAX), required=True),
@@ -274,6 +291,7 @@ TASK_REPORT = Obj(
         "started_at": Prop(OPT_TIME),
         "checkpoint_time": Prop(OPT_TIME),
         "notebook": Prop(NOTEBOOK),
+        "service": Prop(SERVICE),
         # The task's real use, measured by its agent (its cgroup, else /proc): null or absent when not measured.
         "cpu_used": Prop(CPU_USED),
         "memory_used_mb": Prop(MEMORY_MB),

@@ -9,6 +9,7 @@ callers import ``scheduling.models`` as before.
 """
 
 from scheduling.models.cluster import EnrolmentToken, Gpu, GpuWindow, Leaf, Node, NodeState, Spine, XidEvent
+from scheduling.models.serving import RolloutState, Service, ServiceRevision, ServiceState, ServiceToken, ServiceWindow
 from scheduling.models.duties import BlindSpell, LivenessClock, SchedulerLease
 from scheduling.models.jobs import (
     LEAF_LOCALITY_CHOICES,
@@ -41,7 +42,13 @@ __all__ = [
     "Node",
     "NodeState",
     "RegistryCredential",
+    "RolloutState",
     "SchedulerLease",
+    "Service",
+    "ServiceRevision",
+    "ServiceState",
+    "ServiceToken",
+    "ServiceWindow",
     "Spine",
     "Task",
     "TaskLogChunk",

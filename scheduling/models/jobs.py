@@ -27,6 +27,7 @@ class Tier(models.IntegerChoices):
 class JobKind(models.TextChoices):
     BATCH = "batch", "Batch"
     NOTEBOOK = "notebook", "Notebook"
+    SERVICE = "service", "Service replica"
 
 
 LEAF_LOCALITY_CHOICES = [
@@ -50,7 +51,7 @@ class Job(models.Model):
     memory_mb_per_replica = models.PositiveIntegerField(default=16384)
     command = models.TextField(blank=True)
     env = models.JSONField(default=dict, blank=True)
-    time_limit_s = models.PositiveIntegerField(default=24 * 3600)
+    time_limit_s = models.PositiveIntegerField(default=24 * 3600)  # 0: none (a service's replicas)
     checkpoint_dir = models.CharField(max_length=1024, blank=True)
     priority = models.IntegerField(default=0)
     # A multi-node gang that one leaf switch could hold: wait for one (required), span at once when no
@@ -96,6 +97,13 @@ class Job(models.Model):
     idle_since = models.DateTimeField(null=True, blank=True)
     idle_extended_at = models.DateTimeField(null=True, blank=True)
     copied_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # A service's replica (kind "service", docs/services.md): its service, the revision it runs, and when
+    # the controller took it out of the proxy's rotation before stopping it (scale-down, rollout).
+    service = models.ForeignKey(
+        "scheduling.Service", null=True, blank=True, on_delete=models.PROTECT, related_name="replica_jobs"
+    )
+    service_revision = models.PositiveIntegerField(null=True, blank=True)
+    drain_started_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-submitted_at", "-id"]
@@ -200,6 +208,14 @@ class Task(models.Model):
     notebook_kernel_busy = models.BooleanField(null=True, blank=True)
     notebook_last_activity = models.DateTimeField(null=True, blank=True)
     log_size = models.PositiveBigIntegerField(default=0)
+    # A service replica's rank 0 as its agent reports it: where it serves (http://address:port), whether
+    # its readiness probe passes, how often the agent restarted it in place, and whether it crash-loops.
+    service_url = models.CharField(max_length=300, blank=True)
+    service_ready = models.BooleanField(null=True, blank=True)
+    service_restarts = models.PositiveIntegerField(default=0)
+    service_last_restart_at = models.DateTimeField(null=True, blank=True)
+    service_crash_looping = models.BooleanField(default=False)
+    service_message = models.CharField(max_length=1000, blank=True)
     # What the task's processes really use, as its agent last reported (null: not reported yet): CPU
     # cores busy over the last report interval, resident memory now, and the most resident memory seen.
     cpu_used = models.FloatField(null=True, blank=True)

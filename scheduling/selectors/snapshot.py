@@ -82,7 +82,7 @@ def _running(now: datetime) -> tuple[RunningJob, ...]:
                 gpu_type=gpu_type,
                 replicas=tuple(tuple(ranks[r]) for r in sorted(ranks)),
                 start=start,
-                time_limit=float(limit_s),
+                time_limit=time_limit_of(limit_s),
                 last_checkpoint=checkpoint,
                 priority=priority,
                 submit_time=submitted,
@@ -93,6 +93,16 @@ def _running(now: datetime) -> tuple[RunningJob, ...]:
             )
         )
     return tuple(out)
+
+
+# What the core is told of a gang with no time limit (a service's replica, time_limit_s 0): it holds its
+# GPUs for ten years, so no reservation or backfill counts on them coming free (a finite number keeps the
+# core's arithmetic and the reasons people read in plain figures).
+NO_TIME_LIMIT_S = 10 * 365 * 24 * 3600.0
+
+
+def time_limit_of(limit_s: int) -> float:
+    return float(limit_s) if limit_s else NO_TIME_LIMIT_S
 
 
 def pending_jobs() -> QuerySet[Job]:
@@ -113,7 +123,7 @@ def _pending() -> tuple[PendingJob, ...]:
             gpus_per_replica=per,
             gpu_type=gpu_type,
             submit_time=submitted.timestamp(),
-            time_limit=float(limit_s),
+            time_limit=time_limit_of(limit_s),
             priority=priority,
             locality=LeafLocality(locality),
             cpus_per_replica=cpus,

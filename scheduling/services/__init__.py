@@ -41,6 +41,7 @@ from scheduling.services.submit import (
     job_spec_of,
     job_submit,
     resources_of,
+    service_replica_check,
     with_default_resources,
 )
 
@@ -69,6 +70,7 @@ __all__ = [
     "node_mark_lost",
     "node_resume",
     "resources_of",
+    "service_replica_check",
     "task_mark_exited",
     "task_mark_running",
     "tasks_mark_started",

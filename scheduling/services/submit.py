@@ -24,6 +24,7 @@ from scheduling.core.types import LeafLocality, PendingJob, Verdict
 from scheduling.core.types import Tier as CoreTier
 from scheduling.models import LEAF_LOCALITY_CHOICES, Job, JobEvent, JobKind
 from scheduling.selectors import cluster_capacity, quota_chain, snapshot_build, yard_number
+from scheduling.selectors.snapshot import NO_TIME_LIMIT_S
 from scheduling.services.common import (
     _ENV_NAME,
     MAX_GPUS_PER_REPLICA,
@@ -126,7 +127,7 @@ def _team_dir(team: OrgUnit) -> PurePosixPath:
 NEVER_RUNS = "This job can never run"
 
 
-def _validate_spec(*, user: User, spec: JobSpec, capacity: Capacity | None = None) -> None:
+def _validate_spec(*, user: User, spec: JobSpec, capacity: Capacity | None = None, service_made: bool = False) -> None:
     """Field errors a person can fix, keyed by field, all at once."""
     from tenants.selectors import may_submit_to
 
@@ -145,6 +146,8 @@ def _validate_spec(*, user: User, spec: JobSpec, capacity: Capacity | None = Non
         errors["replicas"].append(f"Between 1 and {MAX_REPLICAS}")
     if spec.kind == JobKind.NOTEBOOK and spec.replicas != 1:
         errors["replicas"].append("A notebook runs as one replica")
+    if spec.kind == JobKind.SERVICE and not service_made:
+        errors["kind"].append("A service's replicas are made by its service: create a service (POST /api/v1/services/)")
     if not 1 <= spec.gpus_per_replica <= MAX_GPUS_PER_REPLICA:
         errors["gpus_per_replica"].append(f"Between 1 and {MAX_GPUS_PER_REPLICA}")
     if not spec.gpu_type or len(spec.gpu_type) > 32:
@@ -240,7 +243,7 @@ def _pending_job_for(spec: JobSpec, *, job_id: str, now: datetime) -> PendingJob
         gpus_per_replica=spec.gpus_per_replica,
         gpu_type=spec.gpu_type,
         submit_time=now.timestamp(),
-        time_limit=float(spec.time_limit_s or _default_time_limit()),
+        time_limit=NO_TIME_LIMIT_S if spec.kind == JobKind.SERVICE else float(spec.time_limit_s or _default_time_limit()),
         priority=spec.priority,
         locality=LeafLocality(spec.leaf_locality),
         cpus_per_replica=spec.cpus_per_replica or 0,
@@ -273,6 +276,18 @@ def job_preview(*, user: User, spec: JobSpec) -> Verdict:
     spec = with_default_resources(spec)
     _validate_spec(user=user, spec=spec)
     return _admission(spec, now=timezone.now())
+
+
+def service_replica_check(*, user: User, spec: JobSpec) -> Verdict:
+    """Would a service's replica of this shape be accepted (fields, then the admission check)? Raises
+    ValidationError as job_submit does: a service is refused at creation, not when its first replica is made."""
+    spec = with_default_resources(spec)
+    capacity = cluster_capacity()
+    _validate_spec(user=user, spec=spec, capacity=capacity, service_made=True)
+    verdict = _admission_fast(spec, now=timezone.now(), capacity=capacity)
+    if not verdict.ok:
+        raise ValidationError({NON_FIELD_ERRORS: [f"{NEVER_RUNS}: {verdict.reason}"]})
+    return verdict
 
 
 def _same_spec(job: Job, spec: JobSpec) -> bool:
@@ -313,8 +328,18 @@ def _existing_for_key(user: User, key: str, spec: JobSpec) -> Job | None:
     return job
 
 
-def job_submit(*, user: User, spec: JobSpec, idempotency_key: str | None = None, copied_from: Job | None = None) -> Job:
+def job_submit(
+    *,
+    user: User,
+    spec: JobSpec,
+    idempotency_key: str | None = None,
+    copied_from: Job | None = None,
+    service_revision: tuple[int, int] | None = None,
+) -> Job:
     """Validate, run the admission check, create the PENDING job; the same key and spec twice -> the same job.
+
+    ``service_revision``: (service id, revision) when the service controller makes a replica (kind
+    "service", docs/services.md): it gets no time limit.
 
     Raises ValidationError (field -> messages; "__all__" when the admission check refuses) and
     IdempotencyConflict when the key was used for another spec.
@@ -325,14 +350,22 @@ def job_submit(*, user: User, spec: JobSpec, idempotency_key: str | None = None,
     if idempotency_key and (existing := _existing_for_key(user, idempotency_key, spec)) is not None:
         return existing
     capacity = cluster_capacity()  # read once for the fields' check and the admission check
-    _validate_spec(user=user, spec=spec, capacity=capacity)
+    _validate_spec(user=user, spec=spec, capacity=capacity, service_made=service_revision is not None)
     now = timezone.now()
     verdict = _admission_fast(spec, now=now, capacity=capacity)
     if not verdict.ok:
         raise ValidationError({NON_FIELD_ERRORS: [f"{NEVER_RUNS}: {verdict.reason}"]})
     try:
         with transaction.atomic():
-            job = _create_job(user=user, spec=spec, key=idempotency_key, copied_from=copied_from, now=now, verdict=verdict)
+            job = _create_job(
+                user=user,
+                spec=spec,
+                key=idempotency_key,
+                copied_from=copied_from,
+                now=now,
+                verdict=verdict,
+                service_revision=service_revision,
+            )
     except IntegrityError:
         # A concurrent retry with the same key won the race: answer with its job.
         if idempotency_key and (existing := _existing_for_key(user, idempotency_key, spec)) is not None:
@@ -342,7 +375,17 @@ def job_submit(*, user: User, spec: JobSpec, idempotency_key: str | None = None,
     return job
 
 
-def _create_job(*, user: User, spec: JobSpec, key: str | None, copied_from: Job | None, now: datetime, verdict: Verdict) -> Job:
+def _create_job(
+    *,
+    user: User,
+    spec: JobSpec,
+    key: str | None,
+    copied_from: Job | None,
+    now: datetime,
+    verdict: Verdict,
+    service_revision: tuple[int, int] | None = None,
+) -> Job:
+    service_id, revision = service_revision or (None, None)
     job = Job.objects.create(
         name=spec.name,
         team=spec.team,
@@ -356,7 +399,10 @@ def _create_job(*, user: User, spec: JobSpec, key: str | None, copied_from: Job 
         memory_mb_per_replica=resources_of(spec)[1],
         command=spec.command,
         env=dict(spec.env),
-        time_limit_s=spec.time_limit_s or _default_time_limit(),
+        # A service's replica runs until the service ends it: no time limit (0).
+        time_limit_s=0 if service_id is not None else spec.time_limit_s or _default_time_limit(),
+        service_id=service_id,
+        service_revision=revision,
         priority=spec.priority,
         leaf_locality=spec.leaf_locality,
         one_fabric=spec.one_fabric,

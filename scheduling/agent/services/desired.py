@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from django.conf import settings
 
-from scheduling.models import Job, Task
+from scheduling.models import Job, JobKind, Task
 from scheduling.registry_credentials import credential_for_image
 from scheduling.states import TaskState
 
@@ -72,6 +72,8 @@ def task_spec(task: Task, nodes: Sequence[tuple[str, str]] | None = None) -> dic
         # The portal has recorded the task as started: the agent need not report its start again.
         "started": task.state != TaskState.ASSIGNED,
     }
+    if job.kind == JobKind.SERVICE and job.service_id is not None:
+        spec["service"] = _service_spec(job)
     if job.image:  # a host job's spec has no "container" entry, as before images existed
         spec["container"] = _container_spec(job, launching=task.state == TaskState.ASSIGNED and not stopping)
     return spec
@@ -86,4 +88,28 @@ def _container_spec(job: Job, *, launching: bool) -> dict[str, object]:
         "mounts": [dict(m) for m in job.container_mounts or []],
         "workdir": job.container_workdir or None,
         "auth": credential_for_image(team_id=job.team_id, image=job.image) if launching else None,
+    }
+
+
+# An in-place restart waits 1 s, doubling per crash in a row, up to this (Kubernetes' CrashLoopBackOff).
+SERVICE_BACKOFF_MAX_S = 300.0
+
+
+def _service_spec(job: Job) -> dict[str, object]:
+    """A service replica's probes and port for its agent (docs/services.md). The agent serves on
+    ``port`` (the rendezvous port the cycle picked at rank 0's address: MASTER_PORT, free there), given
+    to the server in $PORT; rank 0 alone is probed and reached."""
+    service = job.service
+    assert service is not None
+    return {
+        "service_id": service.pk,
+        "revision": job.service_revision,
+        "readiness_path": service.readiness_path,
+        "liveness_path": service.liveness_path or None,
+        "period_s": service.probe_period_s,
+        "timeout_s": service.probe_timeout_s,
+        "failure_threshold": service.failure_threshold,
+        "success_threshold": service.success_threshold,
+        "initial_delay_s": service.initial_delay_s,
+        "backoff_max_s": SERVICE_BACKOFF_MAX_S,
     }

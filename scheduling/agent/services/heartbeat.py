@@ -22,6 +22,7 @@ from scheduling.agent.services.reports import (
     GpuWindowReport,
     Heartbeat,
     HeartbeatResult,
+    ServiceReport,
     TaskReport,
     epoch,
 )  # fmt: skip
@@ -35,6 +36,7 @@ from scheduling.models import (
     Task,
     XidEvent,
 )
+from scheduling.serving.kick import serving_request
 from scheduling.states import TASK_LIVE_STATES, TaskState
 from tenants.services import audit
 
@@ -152,11 +154,34 @@ def _use_moved(before: float | None, now: float) -> bool:
     return before is None or abs(now - before) > 0.01 * max(abs(before), abs(now), 0.01)
 
 
+SERVICE_FIELDS = (
+    "service_url", "service_ready", "service_restarts", "service_last_restart_at", "service_crash_looping", "service_message",
+)  # fmt: skip
+
+
+def _store_service_facts(task: Task, report: ServiceReport) -> bool:
+    """A service replica's facts from its agent's report; True if any changed (and the task needs a write)."""
+    facts = (
+        (report.url or task.service_url)[:300],
+        report.ready,
+        report.restarts,
+        epoch(report.last_restart_at) or task.service_last_restart_at,
+        report.crash_looping,
+        (report.message or "")[:1000],
+    )
+    if facts == tuple(getattr(task, name) for name in SERVICE_FIELDS):
+        return False
+    for name, value in zip(SERVICE_FIELDS, facts, strict=True):
+        setattr(task, name, value)
+    return True
+
+
 def _store_task_facts(*, live: Sequence[Task], reports: Sequence[TaskReport]) -> None:
     """Checkpoint times, notebook activity and real use from the agent's view of its live tasks."""
     by_key = {r.key: r for r in reports}
     tasks: list[Task] = []
     jobs: dict[int, Job] = {}
+    service_changes: set[int | None] = set()
     for task in live:
         report = by_key.get((task.pk, task.attempt))
         if report is None:
@@ -175,6 +200,9 @@ def _store_task_facts(*, live: Sequence[Task], reports: Sequence[TaskReport]) ->
             if facts != (task.notebook_url, task.notebook_kernel_busy, task.notebook_last_activity):
                 task.notebook_url, task.notebook_kernel_busy, task.notebook_last_activity = facts
                 changed = True
+        if report.service is not None and _store_service_facts(task, report.service):
+            changed = True
+            service_changes.add(task.job.service_id)
         for name in USE_FIELDS:
             value = getattr(report, name)
             if value is not None and _use_moved(getattr(task, name), value):
@@ -184,8 +212,12 @@ def _store_task_facts(*, live: Sequence[Task], reports: Sequence[TaskReport]) ->
             tasks.append(task)
     if tasks:
         Task.objects.bulk_update(
-            tasks, ["checkpoint_at", "notebook_url", "notebook_kernel_busy", "notebook_last_activity", *USE_FIELDS]
+            tasks,
+            ["checkpoint_at", "notebook_url", "notebook_kernel_busy", "notebook_last_activity", *SERVICE_FIELDS, *USE_FIELDS],
         )
+    if service_changes - {None}:
+        # A replica became ready, stopped answering or restarted: the controller acts now, not at its tick.
+        serving_request(service_ids=sorted(i for i in service_changes if i is not None))
     if jobs:
         # Only this field, and only forward (two ranks' agents may report in either order), in one
         # statement for all of them. The job's state belongs to the scheduling services.
@@ -270,7 +302,7 @@ def live_tasks_of(*, node: Node) -> list[Task]:
 def live_tasks_queryset(node_id: int) -> QuerySet[Task]:
     return (
         Task.objects.filter(node_id=node_id, state__in=TASK_LIVE_STATES)
-        .select_related("job__user")
+        .select_related("job__user", "job__service")
         .only(*_TASK_FIELDS)
         .order_by("job_id", "rank")
     )
@@ -333,6 +365,10 @@ _TASK_FIELDS = (
     "job__stop_requested_at", "job__stop_reason", "job__stop_grace_s", "job__last_checkpoint_at", "job__attempt",
     "job__state", "job__user_id", "job__user__id", "job__user__username",
     "job__team_id", "job__image", "job__container_mounts", "job__container_workdir",
+    "service_url", "service_ready", "service_restarts", "service_last_restart_at", "service_crash_looping", "service_message",
+    "job__service_id", "job__service_revision", "job__service__id", "job__service__port", "job__service__readiness_path",
+    "job__service__liveness_path", "job__service__probe_period_s", "job__service__probe_timeout_s",
+    "job__service__failure_threshold", "job__service__success_threshold", "job__service__initial_delay_s",
 )  # fmt: skip
 
 

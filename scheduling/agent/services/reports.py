@@ -73,6 +73,20 @@ class NotebookReport:
 
 
 @dataclass(frozen=True)
+class ServiceReport:
+    """A service replica's rank 0 on its node: where it serves, its probes, its in-place restarts."""
+
+    url: str | None = None
+    ready: bool | None = None
+    live: bool | None = None
+    restarts: int = 0
+    last_restart_at: float | None = None
+    last_exit_code: int | None = None
+    crash_looping: bool = False
+    message: str | None = None
+
+
+@dataclass(frozen=True)
 class GpuWindowReport:
     """One GPU's minute, folded by the agent: what GpuWindow stores, sent once the minute is over."""
 
@@ -91,6 +105,7 @@ class TaskReport:
     state: str  # "running", "stopping" or "exited": the agent's local view
     checkpoint_time: float | None = None
     notebook: NotebookReport | None = None
+    service: ServiceReport | None = None
     pid: int | None = None
     started_at: float | None = None
     # Real use as the agent measured it; None: not measured this time (the stored value stays).
@@ -172,6 +187,9 @@ def heartbeat_from(data: dict[str, Any], *, received: float | None = None) -> He
                     last_activity=_shift(t["notebook"]["last_activity"], offset),
                 )
                 if t["notebook"]
+                else None,
+                service=ServiceReport(**{**t["service"], "last_restart_at": _shift(t["service"]["last_restart_at"], offset)})
+                if t.get("service")
                 else None,
             )
             for t in data["tasks"]
