@@ -95,6 +95,15 @@ class Service(models.Model):
         return self.max_replicas > self.min_replicas
 
 
+# What a replica is made with beside its revision's image, command and environment: changing any of them
+# makes a new revision, rolled out like a new image.
+REVISION_SHAPE_FIELDS = (
+    "tier", "nodes_per_replica", "gpus_per_node", "gpu_type", "cpus_per_node", "memory_mb_per_node", "port",
+    "readiness_path", "liveness_path", "probe_period_s", "probe_timeout_s", "failure_threshold", "success_threshold",
+    "initial_delay_s",
+)  # fmt: skip
+
+
 class ServiceRevision(models.Model):
     """What a replica runs: one per change of image, command or environment, numbered from 1."""
 
@@ -105,6 +114,9 @@ class ServiceRevision(models.Model):
     env = models.JSONField(default=dict, blank=True)
     container_mounts = models.JSONField(default=list, blank=True)
     container_workdir = models.CharField(max_length=1024, blank=True)
+    # The replica's shape and probes at this revision (Service's fields of REVISION_SHAPE_FIELDS): a
+    # rollback restores them with the image, so a rollout that asked for a shape that cannot run undoes it too.
+    shape = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
 
