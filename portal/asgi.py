@@ -1,7 +1,9 @@
-"""ASGI: the notebook proxy (/notebooks/<id>/lab/, HTTP and websockets) in front of Django's ASGI handler.
+"""ASGI: the service proxy (/services/<team>/<name>/…, HTTP) and the notebook proxy (/notebooks/<id>/lab/,
+HTTP and websockets) in front of Django's ASGI handler.
 
 Served by uvicorn (`make run` starts it beside gunicorn: portal/devserver.py); deployments route the
-notebook paths to it (README, "Notebooks through the portal"). Any other path is Django's.
+notebook and service paths to it (README, "Notebooks through the portal"; docs/services.md). Any other
+path is Django's.
 """
 
 import os
@@ -14,6 +16,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "portal.settings")
 django_application = get_asgi_application()
 
 from portal.notebook_proxy import NotebookProxy  # noqa: E402  (after Django is set up)
+from portal.service_proxy import ServiceProxy  # noqa: E402
 
-application = NotebookProxy(django_application)  # type: ignore[arg-type]  # Django's ASGI types are narrower
+application = ServiceProxy(NotebookProxy(django_application))  # type: ignore[arg-type]  # Django's ASGI types are narrower
 refuse_to_serve_with_a_weak_key()
