@@ -115,6 +115,7 @@ class Agent:
             measure_use=self.workloads.measure_use,
             adopt_limits=self.adopt_portal_limits,
             reconcile=self.reconcile,
+            service_report=self.workloads.service_report,
         )
         self.shipping = Shipping(self.node)
 
@@ -166,6 +167,7 @@ class Agent:
                 # The workloads outlive any one bug in a turn of the loop; the next turn retries.
                 self.log.exception("error in the agent loop")
             self.stop_event.wait(self.config.tick_s)
+        self.workloads.probers.stop_all()
         self.save()
 
     def step(self) -> None:
@@ -257,6 +259,9 @@ class Agent:
             self.records[record.key] = record
             if not record.live:
                 continue
+            if record.service is not None and record.state == "running" and record.pid is None:
+                self._adopt_restarting(record)
+                continue
             if record.pid is None and record.container and not record.container.get("id"):
                 # It was waiting for its image when the agent stopped: the node's fault, the job is requeued.
                 self.workloads.launch_failed(record, "the agent restarted while the task's image was pulled", cause="node_fault")
@@ -269,10 +274,34 @@ class Agent:
                     record.state = "running"
                 self.watchdog.ensure()
                 self.log.info("adopted task %s attempt %s (pid %s)", record.task_id, record.attempt, record.pid)
+                if record.state == "running":
+                    self.workloads.start_probes(record)
             else:
-                self.workloads.finish(record, launcher.read_exit_file(record.exit_file))
+                status = launcher.read_exit_file(record.exit_file)
+                # A service that crashed while no agent watched is restarted in place, like any crash.
+                if not self.workloads.restart_later(record, status):
+                    self.workloads.finish(record, status)
         self.workloads.containers.sweep()
         self.save()
+
+    def _adopt_restarting(self, record: journal_mod.TaskRecord) -> None:
+        """A service the previous agent was restarting in place: its new process, if it was forked
+        before the agent stopped (found by its launch id), is adopted; else it waits out its back-off
+        and Workloads.restart_due starts it, rebuilt from the journaled spec."""
+        info = record.service
+        assert info is not None
+        record.pid = launcher.find_by_launch_id(record.launch_id)
+        record.start_ticks = launcher.start_ticks(record.pid) if record.pid else None
+        if record.pid is None:
+            if info.restart_at is None:
+                info.restart_at = self.clock()  # forked and gone meanwhile, or never: start it again now
+            self.log.info("task %s attempt %s: a service waiting to restart (restart %s)", *record.key, info.restarts)
+            return
+        info.restart_at = None
+        info.run_started_at = info.run_started_at or self.clock()
+        self.watchdog.ensure()
+        self.log.info("adopted task %s attempt %s (pid %s), restarted in place", record.task_id, record.attempt, record.pid)
+        self.workloads.start_probes(record)
 
     def _forget_other_identity(self, data: JournalData) -> None:
         """The journal was written under another node token: the node was re-enrolled, or the portal

@@ -165,7 +165,8 @@ class Telemetry:
 class Heartbeats:
     """Builds each heartbeat, sends it when due, and hands the portal's answer on: its limits to
     `adopt_limits`, its `desired` list to `reconcile` (both the agent's). Into the heartbeat go the
-    Stopper's `draining_reason` and the Workloads' `measure_use` (each live task's CPU and memory use)."""
+    Stopper's `draining_reason`, the Workloads' `measure_use` (each live task's CPU and memory use) and
+    their `service_report` (a service replica's probes and restarts; None for other tasks)."""
 
     def __init__(
         self,
@@ -175,12 +176,14 @@ class Heartbeats:
         measure_use: Callable[[], Mapping[TaskKey, TaskUse]],
         adopt_limits: Callable[[dict[str, Any]], None],
         reconcile: Callable[[list[dict[str, Any]]], None],
+        service_report: Callable[[TaskRecord], dict[str, Any] | None] = lambda record: None,
     ) -> None:
         self.node = node
         self.draining_reason = draining_reason
         self.measure_use = measure_use
         self.adopt_limits = adopt_limits
         self.reconcile = reconcile
+        self.service_report = service_report
         self.telemetry = Telemetry(node.gpus, where=node.config.name)
         self.next_heartbeat = 0.0
         self.node_state: str | None = None  # as the portal last said
@@ -238,6 +241,7 @@ class Heartbeats:
             "started_at": record.started_at,
             "checkpoint_time": self._checkpoint_time(record, self.node.clock()),
             "notebook": self._notebook_report(record),
+            "service": self.service_report(record),
             # cpu_used, memory_used_mb, memory_peak_mb: only what was measured (an exited task sends none)
             **(use or {}),
         }

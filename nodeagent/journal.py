@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from nodeagent.service import ServiceInfo
+
 TaskState = Literal["launching", "running", "stopping", "exited"]
 JOURNAL_VERSION = 1
 
@@ -62,6 +64,8 @@ class TaskRecord:
     container: dict[str, Any] | None = None
     # A one-line reason the agent gives with an end it made itself (a launch that failed).
     message: str | None = None
+    # A service replica (kind "service"): its port, probes and in-place restarts (nodeagent/service.py).
+    service: ServiceInfo | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -106,6 +110,9 @@ class TaskRecord:
         values = {k: v for k, v in data.items() if k in known}
         if values.get("notebook") is not None:
             values["notebook"] = NotebookInfo(**values["notebook"])
+        if values.get("service") is not None:
+            known_service = {f.name for f in fields(ServiceInfo)}
+            values["service"] = ServiceInfo(**{k: v for k, v in values["service"].items() if k in known_service})
         return cls(**values)
 
 

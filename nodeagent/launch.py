@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from nodeagent import cgroups, hostlist, launcher, notebook
+from nodeagent import cgroups, hostlist, launcher, notebook, service
 from nodeagent.config import DEFAULT_GRACE_S, MAX_ORDERED_GRACE_S
 from nodeagent.containers.base import ContainerPlan
 from nodeagent.containers.cdi import CdiError
@@ -31,6 +31,7 @@ from nodeagent.containers.runtime import signal_task
 from nodeagent.containers.tasks import Containers, Waiting, container_env
 from nodeagent.context import AgentFatal, Node, TaskKey
 from nodeagent.journal import TaskRecord
+from nodeagent.service import Prober, Probers, ServiceInfo
 
 
 def gang_env(spec: dict[str, Any], *, name: str, address: str) -> dict[str, str]:
@@ -111,6 +112,10 @@ class Workloads:
         # Tasks in containers (nodeagent/containers/): the runtime and image cache, and the pulls under way.
         self.containers = Containers.for_node(node)
         self.waiting: dict[TaskKey, Waiting] = {}
+        # Service replicas (nodeagent/service.py): rank 0's probes, and each container task's image, kept
+        # for its restarts in place.
+        self.probers = Probers()
+        self.images: dict[TaskKey, Image] = {}
 
     def measure_use(self) -> dict[TaskKey, cgroups.TaskUse]:
         """The real CPU and memory use of each live task (cgroups.UseMeter: one pass over /proc for all of them at most)."""
@@ -215,6 +220,8 @@ class Workloads:
             }
         )
         env.update(gang_env(spec, name=config.name, address=str(config.address)))
+        if record.service is not None:
+            env.update(service.service_env(record.service.port))
         if self.node.gpus.simulated:
             env["YARD_SIM_UTIL_FILE"] = str(record.util_file)
         if spec.get("container"):
@@ -238,6 +245,15 @@ class Workloads:
             grace_s=grace(spec.get("grace_s"), default=DEFAULT_GRACE_S),
             gpus=[int(i) for i in spec.get("gpus") or []],
         )
+        if record.kind == "service" and isinstance(spec.get("service"), dict):
+            port = int(spec.get("master_port") or 0)
+            record.service = ServiceInfo(
+                port=port,
+                url=service.service_url(str(node.config.address), port),
+                rank=int(spec.get("rank") or 0),
+                probe=dict(spec["service"]),
+                spec=service.strip_secrets(spec),
+            )
         command = str(spec.get("command") or "")
         container = spec.get("container") if isinstance(spec.get("container"), dict) else None
         problem = node.disk.problem()
@@ -344,9 +360,11 @@ class Workloads:
         limits: cgroups.Limits,
         container: dict[str, Any] | None = None,
         image: Image | None = None,
+        restart: bool = False,
     ) -> None:
         """Fork the task's wrapper, hold it to its limits, and let it start the workload (on the host,
-        or its runtime running its container)."""
+        or its runtime running its container). ``restart``: a service's process started again in place
+        (the task keeps its first start time, the one the portal recorded)."""
         node = self.node
         task_id, attempt = record.key
         plan: ContainerPlan | None = None
@@ -401,8 +419,18 @@ class Workloads:
         self.children[record.key] = child
         record.pid = child.pid
         record.start_ticks = launcher.start_ticks(child.pid)
-        record.started_at = node.clock()
+        now = node.clock()
+        if not restart or record.started_at is None:
+            record.started_at = now
         record.state = "running"
+        if image is not None:
+            self.images[record.key] = image
+        if record.service is not None:
+            record.service.run_started_at = now
+            record.service.restart_at = None
+            if restart:
+                record.service.last_restart_at = now
+            self.start_probes(record)
         node.save()
         self.heartbeat_soon()  # the portal records the start with the next heartbeat
         node.log.info("started task %s attempt %s (pid %s) on GPUs %s, %s", task_id, attempt, child.pid, record.gpus, held)
@@ -421,7 +449,8 @@ class Workloads:
                 handle.write(f"yard-agent: {message}\n")
         except OSError:
             pass
-        record.started_at = node.clock()
+        if record.started_at is None:  # a service that could not be started again keeps its first start
+            record.started_at = node.clock()
         self.finish(record, None)
         self.heartbeat_soon()
 
@@ -440,6 +469,8 @@ class Workloads:
     def supervise(self) -> None:
         node = self.node
         self.start_pulled()
+        self.follow_probes()
+        self.restart_due()
         for record in list(node.records.values()):
             if record.pid is None or record.state not in ("running", "stopping"):
                 continue
@@ -449,7 +480,8 @@ class Workloads:
                 if exited:
                     # Whatever the workload left behind in its group (or its container) goes with it.
                     signal_task(record.container, record.pid, signal.SIGKILL)
-                    self.finish(record, status)
+                    if not self.restart_later(record, status):
+                        self.finish(record, status)
                 elif record.time_limit_s and record.started_at and now - record.started_at > record.time_limit_s:
                     self.request_stop(record, cause="time_limit", grace_s=record.grace_s, reason="time limit")
                 continue
@@ -475,6 +507,10 @@ class Workloads:
         record.state = "exited"
         record.ended_at = node.clock()
         self.children.pop(record.key, None)
+        self.probers.stop(record.key)
+        self.images.pop(record.key, None)
+        if record.service is not None:
+            record.service.restart_at = None  # ended while it waited to start again: never started again
         if record.container:
             self.containers.cleanup(record)  # before its cgroup goes: runc's own group is below it
         if (note := self.limiter.release(record.key)) is not None:
@@ -490,4 +526,156 @@ class Workloads:
             exit_code,
             signum,
             record.stopped_by,
+        )
+
+    # -- service replicas: probes and restarts in place (docs/services.md, nodeagent/service.py) ------------
+    def start_probes(self, record: TaskRecord) -> None:
+        """Probe the process just started (or adopted) of a service's rank 0, in a thread of its own.
+        Its liveness probe kills exactly this process (pid and start time, or its container): never a
+        later one, nor a process that took the pid after it."""
+        info = record.service
+        if info is None or not info.probed or info.port <= 0 or record.pid is None:
+            return
+        pid, ticks = record.pid, record.start_ticks
+        ref = dict(record.container) if record.container else None
+        log = self.node.log
+
+        def kill(reason: str) -> None:
+            if launcher.process_alive(pid, ticks):
+                log.warning("task %s attempt %s: %s", record.task_id, record.attempt, reason)
+                signal_task(ref, pid, signal.SIGKILL)
+
+        prober = Prober(
+            address=str(self.node.config.address),
+            port=info.port,
+            spec=info.probe_spec(),
+            on_change=self.heartbeat_soon,
+            kill=kill,
+            name=f"probe-{record.task_id}-{record.attempt}",
+        )
+        self.probers.start(record.key, prober)
+
+    def follow_probes(self) -> None:
+        """Stop the probes of tasks no longer running (stopping, ended, forgotten); a replica that has
+        been ready since its last crash is no longer crash-looping (journaled here, on the loop)."""
+        for key in self.probers.tasks():
+            record = self.node.records.get(key)
+            prober = self.probers.get(key)
+            if record is None or record.state != "running" or record.pid is None or prober is None:
+                self.probers.stop(key)
+                continue
+            if record.service is not None and record.service.crashes_since_ready and prober.snapshot()[2]:
+                record.service.crashes_since_ready = 0
+                record.service.message = None
+                self.node.dirty = True
+
+    def service_report(self, record: TaskRecord) -> dict[str, Any] | None:
+        """The heartbeat's ``service`` object for a service task (None for any other)."""
+        if record.service is None:
+            return None
+        running = record.state == "running" and record.pid is not None
+        return service.report(record.service, self.probers.get(record.key), running=running)
+
+    def restart_later(self, record: TaskRecord, status: int | None) -> bool:
+        """A service's process exited while nobody told it to stop: count the crash, write it into the
+        task's log, and schedule its start again after the back-off (restart_due does it). False when
+        the task ends instead: not a service, or it was being stopped, or the watchdog fenced it."""
+        info = record.service
+        node = self.node
+        if info is None or record.state != "running" or record.pid is None:
+            return False
+        if record.stop_cause is not None or record.sigterm_at is not None or read_fence_marker(record) is not None:
+            return False
+        signal_task(record.container, record.pid, signal.SIGKILL)  # what is left of this process goes
+        prober = self.probers.stop(record.key)
+        killed = prober.killed if prober is not None else None
+        ever_ready = prober.snapshot()[2] if prober is not None else False
+        exit_code, signum = launcher.decode_status(status)
+        code = exit_code if exit_code is not None else (-signum if signum is not None else None)
+        line = info.crashed(now=node.clock(), exit_code=code, ever_ready=ever_ready)
+        info.message = service.clip_message(f"{killed}; {line}" if killed else line)
+        self.children.pop(record.key, None)
+        if record.container:
+            # The dead container goes; its image stays (its digest keeps it from eviction), for the next one.
+            self.containers.cleanup(record)
+            record.container = {k: v for k, v in record.container.items() if k in ("image", "digest")}
+        with contextlib.suppress(OSError):
+            record.exit_file.unlink(missing_ok=True)  # the next process's status must not be read as this one's
+        with contextlib.suppress(OSError), open(record.log_path, "a") as handle:
+            if killed:
+                handle.write(f"yard-agent: {killed}\n")
+            handle.write(f"yard-agent: {line}\n")
+        record.pid = None
+        record.start_ticks = None
+        # The next process's launch id, journaled before it is forked: a restarted agent finds it by it.
+        record.launch_id = uuid.uuid4().hex
+        node.save()
+        self.heartbeat_soon()
+        node.log.warning("task %s attempt %s: %s", record.task_id, record.attempt, info.message)
+        return True
+
+    def restart_due(self) -> None:
+        """Start again the services whose back-off is over."""
+        node = self.node
+        if node.link.lost or node.link.silence() > node.config.stop_after_s:
+            # Cut off from the portal as long as it takes to give the job up (it may start the next attempt
+            # elsewhere once the watchdog's bound has passed): nothing new starts here. check_liveness ends
+            # these tasks (a stop during the back-off), and a heartbeat accepted again lets them restart.
+            return
+        now = node.clock()
+        for record in list(self.node.records.values()):
+            info = record.service
+            if info is None or record.state != "running" or record.pid is not None:
+                continue
+            if info.restart_at is not None and now >= info.restart_at:
+                self.restart(record)
+
+    def restart(self, record: TaskRecord) -> None:
+        """Start a service's process again, on the same GPUs, with the command, environment and limits
+        rebuilt from its journaled spec (so a restarted agent can do it too), under a fresh launch id."""
+        info = record.service
+        assert info is not None
+        node = self.node
+        spec = info.spec
+        account: pwd.struct_passwd | None = None
+        if record.run_as:
+            try:
+                account = pwd.getpwnam(record.run_as)
+            except KeyError:
+                self.launch_failed(record, f"cannot restart the service: its owner {record.run_as!r} has no local account here")
+                return
+        container = spec.get("container") if isinstance(spec.get("container"), dict) else None
+        image: Image | None = None
+        if container is not None:
+            digest = (record.container or {}).get("digest")
+            image = self.images.get(record.key) or (self.containers.cache.cached(str(digest)) if digest else None)
+            if image is None:
+                # Only after an agent restart that lost the image from the cache (nothing else evicts a live task's).
+                gone = f"its image {container.get('image')} is gone from this node's cache"
+                self.launch_failed(record, f"cannot restart the service: {gone}")
+                return
+        problem = node.disk.problem()
+        if problem is not None:
+            self.launch_failed(record, f"cannot restart the service: node {node.config.name}: {problem}", cause="node_fault")
+            return
+        try:
+            env = self.task_env(spec, record, account, base={} if container else os.environ)
+        except (KeyError, TypeError, ValueError) as exc:
+            self.launch_failed(record, f"cannot restart the service: its journaled spec is unusable ({exc!r})")
+            return
+        self.ensure_watchdog()
+        if not node.save():  # the new launch id first, as at any launch
+            problem = f"node {node.config.name} cannot record it"
+            self.launch_failed(record, f"cannot restart the service: {problem}", cause="node_fault")
+            return
+        node.log.info("task %s attempt %s: restart %s", record.task_id, record.attempt, info.restarts)
+        self.start(
+            record,
+            command=str(spec.get("command") or ""),
+            env=env,
+            account=account,
+            limits=cgroups.Limits.from_spec(spec),
+            container=container,
+            image=image,
+            restart=True,
         )

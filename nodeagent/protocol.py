@@ -34,6 +34,9 @@ MAX_GPUS = 128
 MAX_TASKS = 1024
 MAX_WINDOWS = 4096
 EPOCH_MAX = 4_102_444_800.0
+# A service replica's report (SERVICE): its URL and the agent's words on it, at most this long.
+SERVICE_URL_MAX = 300
+SERVICE_MESSAGE_MAX = 1000
 
 
 def clean_metric(name: str, value: Any, *, where: str, bounds: dict[str, tuple[float, float]] = METRIC_BOUNDS) -> float | None:

@@ -45,7 +45,11 @@ class Stopper:
             record.pid = launcher.find_by_launch_id(record.launch_id)
             record.start_ticks = launcher.start_ticks(record.pid) if record.pid else None
         if record.pid is None:
-            node.log.info("task %s attempt %s never started: ended (%s)", record.task_id, record.attempt, cause)
+            if record.service is not None and record.service.restart_at is not None:
+                # A service between a crash and its restart: it ends now, and is never started again.
+                node.log.info("task %s attempt %s stopped while waiting to restart (%s)", record.task_id, record.attempt, cause)
+            else:
+                node.log.info("task %s attempt %s never started: ended (%s)", record.task_id, record.attempt, cause)
             record.stop_cause = cause
             self.finish(record, None)
             return

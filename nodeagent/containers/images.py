@@ -252,6 +252,10 @@ class ImageCache:
         self.evict(keep={digest} | in_use())
         return image
 
+    def cached(self, digest: str) -> Image | None:
+        """The image of ``digest`` if this cache holds it (a service restarted in place after an agent restart)."""
+        return self._cached(digest)
+
     def _cached(self, digest: str) -> Image | None:
         folder = self._dir(digest)
         try:
