@@ -257,7 +257,7 @@ CELERY_TASK_TIME_LIMIT = 300  # well below the broker's visibility timeout (3600
 CELERY_TASK_SOFT_TIME_LIMIT = 240
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_IMPORTS = ["scheduling.tasks", "scheduling.agent.tasks", "scheduling.governance.tasks"]
+CELERY_IMPORTS = ["scheduling.tasks", "scheduling.agent.tasks", "scheduling.governance.tasks", "scheduling.serving.tasks"]
 
 # --------------------------------------------------------------------------- Yardmaster
 # The scheduler's, the agents' and governance's tunables, and their liveness check: portal/yard_settings.py.
@@ -268,6 +268,7 @@ CELERY_BEAT_SCHEDULE = {
     "node-liveness": {"task": "scheduling.agent.tasks.check_nodes", "schedule": YARD["LIVENESS_TICK_S"]},
     "idle-notebook-reaper": {"task": "scheduling.governance.tasks.reap_idle_notebooks", "schedule": YARD["REAPER_INTERVAL_S"]},
     "telemetry-retention": {"task": "scheduling.governance.tasks.prune_telemetry", "schedule": 3600.0},
+    "service-controller": {"task": "scheduling.serving.tasks.reconcile_services", "schedule": YARD["SERVICE_TICK_S"]},
 }
 
 LOGGING = {

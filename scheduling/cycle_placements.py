@@ -195,7 +195,8 @@ class _PlacementWriter:
         chosen: dict[int, int] = {}
         for job_id, addr in addrs.items():
             used = taken.setdefault(addr, set())
-            fixed = fixed_ports.get(jobs[job_id].service_id)
+            service_id = jobs[job_id].service_id
+            fixed = fixed_ports.get(service_id) if service_id is not None else None
             if fixed is not None:
                 if fixed in used:
                     self.skipped[job_id] = (

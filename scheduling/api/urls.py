@@ -6,7 +6,7 @@ they share, submission.py what a submission's body becomes.
 
 from django.urls import URLPattern, URLResolver, path
 
-from scheduling.api import jobs, notebooks, registry, teams
+from scheduling.api import jobs, notebooks, registry, services, teams
 
 app_name = "api"
 urlpatterns: list[URLPattern | URLResolver] = [
@@ -20,6 +20,13 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("notebooks/<int:pk>", notebooks.NotebookDetailView.as_view(), name="notebook"),
     path("notebooks/<int:pk>/stop", notebooks.NotebookStopView.as_view(), name="notebook-stop"),
     path("notebooks/<int:pk>/logs", notebooks.NotebookLogsView.as_view(), name="notebook-logs"),
+    path("services", services.ServiceListCreateView.as_view(), name="services"),
+    path("services/<int:pk>", services.ServiceDetailView.as_view(), name="service"),
+    path("services/<int:pk>/scale", services.ServiceScaleView.as_view(), name="service-scale"),
+    path("services/<int:pk>/rollout", services.ServiceRolloutView.as_view(), name="service-rollout"),
+    path("services/<int:pk>/logs", services.ServiceLogsView.as_view(), name="service-logs"),
+    path("services/<int:pk>/tokens", services.ServiceTokenListCreateView.as_view(), name="service-tokens"),
+    path("services/<int:pk>/tokens/<int:token_id>", services.ServiceTokenDetailView.as_view(), name="service-token"),
     path("teams/<int:pk>/quota", teams.TeamQuotaView.as_view(), name="team-quota"),
     path("me", teams.MeView.as_view(), name="me"),
     path("me/quota", teams.MyQuotaView.as_view(), name="me-quota"),

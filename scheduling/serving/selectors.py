@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.db.models import Q, QuerySet
@@ -24,7 +24,7 @@ SERVICE_LATENCY_EDGES_MS: tuple[float, ...] = tuple(round(0.5 * 1.1**i, 3) for i
 
 
 def window_s() -> float:
-    return float(settings.YARD["SERVICE_WINDOW_S"])
+    return float(cast(float, settings.YARD["SERVICE_WINDOW_S"]))
 
 
 # --------------------------------------------------------------------------- access
@@ -122,10 +122,10 @@ def replicas_of(*, service: Service, include_ended: bool = False) -> list[Replic
         ended = Job.objects.filter(service=service, state__in=TERMINAL_STATES).order_by("-ended_at", "-id")[:20]
         jobs += list(ended)
     # Rank 0 of each job's current attempt (a requeued replica's earlier attempts are history).
-    tasks: dict[int, Task] = {}
-    for t in Task.objects.filter(job__in=jobs, rank=0).select_related("node").order_by("job_id", "attempt"):
-        tasks[t.job_id] = t
-    return [Replica(job=j, task=t if (t := tasks.get(j.pk)) is not None and t.attempt == j.attempt else None) for j in jobs]
+    tasks: dict[tuple[int, int], Task] = {}
+    for task in Task.objects.filter(job__in=jobs, rank=0).select_related("node"):
+        tasks[(task.job_id, task.attempt)] = task
+    return [Replica(job=j, task=tasks.get((j.pk, j.attempt))) for j in jobs]
 
 
 # --------------------------------------------------------------------------- the proxy's view
@@ -151,9 +151,7 @@ class ServiceRoutes:
 
 def service_routes(*, team: str, name: str) -> ServiceRoutes | None:
     """Where the proxy sends ``/services/<team>/<name>/…`` now: its ready replicas; None for no such service."""
-    service = (
-        Service.objects.filter(team__slug=team, name=name, state=ServiceState.ACTIVE).only("id", "team_id", "name").first()
-    )
+    service = Service.objects.filter(team__slug=team, name=name, state=ServiceState.ACTIVE).only("id", "team_id", "name").first()
     if service is None:
         return None
     ready = (

@@ -9,7 +9,17 @@ import pytest
 from django.utils import timezone
 from drf_spectacular.generators import SchemaGenerator
 
-from scheduling.models import Allocation, Job, JobEvent, JobKind, RegistryCredential, Task, TaskLogChunk
+from scheduling.models import (
+    Allocation,
+    Job,
+    JobEvent,
+    JobKind,
+    RegistryCredential,
+    Service,
+    ServiceToken,
+    Task,
+    TaskLogChunk,
+)
 from scheduling.states import JobState
 from tenants.models import ApiToken, AuditEntry, Membership, OrgUnit, Quota
 from tests.api.conftest import session_client, token_client
@@ -27,6 +37,8 @@ class Target:
     team: int
     team_slug: str
     credential: int = UNKNOWN
+    service: int = UNKNOWN
+    service_token: int = UNKNOWN
 
 
 @dataclass
@@ -63,6 +75,21 @@ MATRIX: dict[str, Callable[[Target], Call]] = {
         "post", "/api/v1/registry-credentials", {"unit": t.team_slug, "registry": "nvcr.io", "username": "u", "password": "p"}
     ),
     "DELETE /api/v1/registry-credentials/{id}": lambda t: Call("delete", f"/api/v1/registry-credentials/{t.credential}"),
+    "GET /api/v1/services": lambda t: Call("get", "/api/v1/services", {"team": t.team_slug}),
+    "POST /api/v1/services": lambda t: Call(
+        "post", "/api/v1/services", {"name": "svc", "team": t.team_slug, "gpu_type": "H100", "command": "serve"}
+    ),
+    "GET /api/v1/services/{id}": lambda t: Call("get", f"/api/v1/services/{t.service}"),
+    "PATCH /api/v1/services/{id}": lambda t: Call("patch", f"/api/v1/services/{t.service}", {"replicas": 2}),
+    "DELETE /api/v1/services/{id}": lambda t: Call("delete", f"/api/v1/services/{t.service}"),
+    "POST /api/v1/services/{id}/scale": lambda t: Call("post", f"/api/v1/services/{t.service}/scale", {"replicas": 2}),
+    "POST /api/v1/services/{id}/rollout": lambda t: Call("post", f"/api/v1/services/{t.service}/rollout", {"command": "x"}),
+    "GET /api/v1/services/{id}/logs": lambda t: Call("get", f"/api/v1/services/{t.service}/logs", {"tail": 5}),
+    "GET /api/v1/services/{id}/tokens": lambda t: Call("get", f"/api/v1/services/{t.service}/tokens"),
+    "POST /api/v1/services/{id}/tokens": lambda t: Call("post", f"/api/v1/services/{t.service}/tokens", {"name": "t"}),
+    "DELETE /api/v1/services/{id}/tokens/{token_id}": lambda t: Call(
+        "delete", f"/api/v1/services/{t.service}/tokens/{t.service_token}"
+    ),
 }
 # Operations with no tenant object to aim at: they only ever answer about the caller.
 NO_TENANT_OBJECT = {"GET /api/v1/me"}
@@ -98,6 +125,8 @@ def _fingerprint() -> tuple[Any, ...]:
         ApiToken.objects.filter(revoked_at__isnull=True).count(),
         TaskLogChunk.objects.count(),
         sorted(RegistryCredential.objects.values_list("id", "username", "password_sealed")),
+        sorted(Service.objects.values_list("id", "state", "replicas", "revision")),
+        sorted(ServiceToken.objects.values_list("id", "revoked_at")),
     )
 
 
@@ -109,8 +138,16 @@ def tenant_b(cast):
     TaskLogChunk.objects.create(task=task, offset=0, data="secret of tenant B\n")
     notebook = make_job(team=cast.org.team_c, user=cast.bea, kind=JobKind.NOTEBOOK)
     credential = RegistryCredential.objects.create(unit=cast.org.team_c, registry="nvcr.io", username="b", password_sealed="x")
+    service = Service.objects.create(name="svc-b", team=cast.org.team_c, user=cast.bea, gpu_type="H100")
+    token = ServiceToken.objects.create(service=service, name="b", prefix="ysvc_x", token_hash="0" * 64)
     return Target(
-        job=job.pk, notebook=notebook.pk, team=cast.org.team_c.pk, team_slug=cast.org.team_c.slug, credential=credential.pk
+        job=job.pk,
+        notebook=notebook.pk,
+        team=cast.org.team_c.pk,
+        team_slug=cast.org.team_c.slug,
+        credential=credential.pk,
+        service=service.pk,
+        service_token=token.pk,
     )
 
 
@@ -127,7 +164,7 @@ def test_tenant_a_gets_no_2xx_and_changes_nothing_on_tenant_b_or_unknown_objects
         for target_name, target in (("tenant B", tenant_b), ("unknown", unknown)):
             call = build(target)
             for client_name, client in clients.items():
-                kwargs: dict[str, Any] = {"format": "json"} if call.method == "post" else {}
+                kwargs: dict[str, Any] = {"format": "json"} if call.method in ("post", "patch") else {}
                 response = getattr(client, call.method)(call.path, call.data, **kwargs)
                 if 200 <= response.status_code < 300 or response.status_code >= 500:
                     leaks.append(f"{operation} on {target_name} with {client_name}: {response.status_code}")

@@ -47,6 +47,10 @@ FUZZ = hsettings(max_examples=EXAMPLES, deadline=None, suppress_health_check=lis
 # deployment's allow-list), mounts and working directory in the container are the server's to check too.
 DOMAIN_FIELDS = {"team", "checkpoint_dir", "env", "gpu_type", "non_field_errors", "unit", "registry"}
 DOMAIN_FIELDS |= {"image", "container_mounts", "container_workdir"}
+# A service: its name taken in its team, min <= replicas <= max across fields, a command where no image
+# has an entry point, and a replica's shape against the cluster's nodes and the team's quota.
+DOMAIN_FIELDS |= {"name", "command", "replicas", "max_replicas", "nodes_per_replica", "gpus_per_node"}
+DOMAIN_FIELDS |= {"cpus_per_node", "memory_mb_per_node", "revision"}
 
 
 def positive_data_acceptance_within_the_domain(ctx: Any, response: Any, case: Any) -> bool | None:
