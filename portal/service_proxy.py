@@ -84,6 +84,8 @@ RETRY_AFTER_S = 1
 _CACHE_MAX = 10_000
 _UNSAFE_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _FORWARDED = frozenset({"x-forwarded-for", "x-forwarded-proto", "x-forwarded-host", "x-forwarded-prefix"})
+# Not passed on: the caller's credential, and an Expect: 100-continue uvicorn has answered already.
+_NOT_FORWARDED = frozenset({"authorization", "expect"})
 
 
 @dataclass(frozen=True)
@@ -175,9 +177,13 @@ class ServiceProxy:
         if scope["type"] == "lifespan":
             await self._lifespan(scope, receive, send)
             return
-        found = PATH.match(scope.get("path", "")) if scope["type"] == "http" else None
+        found = PATH.match(scope.get("path", "")) if scope["type"] in ("http", "websocket") else None
         if found is None:
             await self.app(scope, receive, send)
+            return
+        if scope["type"] == "websocket":  # not proxied (yet): refused in the handshake, not left to Django
+            if (await receive())["type"] == "websocket.connect":
+                await send({"type": "websocket.close", "code": 1008})
             return
         team, name, rest = found["team"], found["name"], found["rest"] or "/"
         raw = scope.get("raw_path")
@@ -582,9 +588,7 @@ def _connection_tokens(value: str | None) -> set[str]:
 
 def _to_replica(scope: Scope, team: str, name: str) -> list[tuple[str, str]]:
     # Content-Length stays: a known-size body goes up as one, not chunked.
-    dropped = (
-        (HOP_BY_HOP - {"content-length"}) | _FORWARDED | {"authorization"} | _connection_tokens(_header(scope, "connection"))
-    )
+    dropped = (HOP_BY_HOP - {"content-length"}) | _FORWARDED | _NOT_FORWARDED | _connection_tokens(_header(scope, "connection"))
     portal_cookies = {settings.SESSION_COOKIE_NAME, settings.CSRF_COOKIE_NAME}
     headers = []
     forwarded_for = None

@@ -374,6 +374,26 @@ def test_server_sent_events_arrive_as_they_are_sent(stack):
     assert rest == b"data: last\n\n"
 
 
+def test_a_caller_that_leaves_a_stream_is_no_longer_in_flight(stack):
+    with httpx.stream("GET", f"{stack.base}/stream", headers=stack.auth(), timeout=5) as answer:
+        assert next(answer.iter_raw()) == b"data: first\n\n"
+        assert sum(stack.proxy._inflight.values()) == 1
+    # Gone before the replica's last event: the proxy stops reading it rather than stream to nobody.
+    deadline = time.monotonic() + 3
+    while stack.proxy._inflight:
+        assert time.monotonic() < deadline, stack.proxy._inflight
+        time.sleep(0.05)
+    assert not stack.one.release.is_set() and not stack.two.release.is_set()
+
+
+def test_a_websocket_to_a_service_is_refused_in_the_handshake(stack):
+    import websockets.sync.client
+
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        websockets.sync.client.connect(f"{stack.base.replace('http://', 'ws://')}/ws", additional_headers=stack.auth())
+    assert refused.value.response.status_code == 403
+
+
 # --------------------------------------------------------------------------- what it measured
 
 
