@@ -668,7 +668,9 @@ class Workloads:
             problem = f"node {node.config.name} cannot record it"
             self.launch_failed(record, f"cannot restart the service: {problem}", cause="node_fault")
             return
-        node.log.info("task %s attempt %s: restart %s", record.task_id, record.attempt, info.restarts)
+        node.log.info(
+            "task %s attempt %s: starting it again in place (restart %s)", record.task_id, record.attempt, info.restarts
+        )
         self.start(
             record,
             command=str(spec.get("command") or ""),

@@ -19,6 +19,7 @@ import pytest
 from nodeagent import launcher
 from nodeagent.service import CRASH_LOOP_AFTER, STREAK_RESET_S, ProbeSpec, ServiceInfo, report, service_url
 from scheduling.agent.protocol import SERVICE, validate
+from tests.containers.conftest import image, needs_containers, registry, runc_ids, start_ct_agent  # noqa: F401
 from tests.nodeagent.conftest import RunningAgent, task_spec
 from tests.nodeagent.fakeportal import FakePortal
 
@@ -317,3 +318,46 @@ def test_the_url_puts_an_ipv6_address_in_brackets() -> None:
     assert service_url("fd00::7", 8000) == "http://[fd00::7]:8000"
     assert service_url("10.0.0.1", 8000) == "http://10.0.0.1:8000"
     assert service_url("10.0.0.1", 0) is None
+
+
+# -- in a container (runc, a real registry: tests/containers/conftest.py; skipped without them) ------------
+
+
+@needs_containers
+def test_a_service_in_a_container_is_restarted_in_a_fresh_container_from_the_cached_image(
+    portal: FakePortal,
+    start_ct_agent: StartAgent,  # noqa: F811
+    image: str,  # noqa: F811
+) -> None:
+    # The first start crashes; the second serves (sleeps) until stopped.
+    command = (
+        'echo "$PORT $YARD_SERVICE_PORT" >> "$YARD_WORKDIR/starts"; '
+        'if [ -e "$YARD_WORKDIR/once" ]; then sleep 1000; else touch "$YARD_WORKDIR/once"; exit 3; fi'
+    )
+    port = launcher.free_port("127.0.0.1")
+    spec = service_spec(7, command, port=port)
+    spec["container"] = {"image": image, "mounts": [], "workdir": None, "auth": None}
+    running = start_ct_agent()
+    portal.set_desired("node-t1", [spec])
+    portal.wait_for(
+        lambda: (r := running.record(7)) is not None and r.container and r.container.get("id"), timeout=60, what="a container"
+    )
+    first = running.record(7).container["id"]
+    portal.wait_for(
+        lambda: (r := running.record(7)).service.restarts == 1 and r.pid and (r.container or {}).get("id") not in (None, first),
+        timeout=30,
+        what="the service restarted in a new container",
+    )
+    record = running.record(7)
+    assert record.state == "running" and record.container["id"] == f"yard-{record.launch_id}"
+    # Only the new container: the crashed one was removed.
+    portal.wait_for(lambda: runc_ids(running.agent.state_dir) == [record.container["id"]], what="the new container alone")
+    starts = (Path(record.workdir) / "starts").read_text().splitlines()
+    assert starts == [f"{port} {port}", f"{port} {port}"]
+    portal.wait_for(
+        lambda: "yard-agent: restart 1 after exit code 3; next back-off 1 s\n" in portal.log_text(7),
+        what="the restart in the log",
+    )
+    portal.set_desired("node-t1", [{**spec, "action": "stop"}])
+    assert exited(portal, 7, timeout=30)["stop_cause"] == "stop"
+    assert running.agent.records[(7, 1)].service.restarts == 1
