@@ -361,3 +361,21 @@ def test_a_service_in_a_container_is_restarted_in_a_fresh_container_from_the_cac
     portal.set_desired("node-t1", [{**spec, "action": "stop"}])
     assert exited(portal, 7, timeout=30)["stop_cause"] == "stop"
     assert running.agent.records[(7, 1)].service.restarts == 1
+
+
+def test_an_agent_back_after_its_portal_gave_up_on_it_does_not_restart_a_crashed_service(
+    portal: FakePortal, start_agent: StartAgent, tmp_path: Path
+) -> None:
+    starts = tmp_path / "starts"
+    agent = start_agent(stop_after_s=1.5)
+    portal.set_desired("node-t1", [service_spec(8, f"date +%s.%N >> {starts}; exit 1", port=launcher.free_port("127.0.0.1"))])
+    portal.wait_for(lambda: (r := agent.record(8)) is not None and r.service.restarts == 1, what="the first crash")
+    agent.stop()  # within its back-off: the journal says it waits to be started again
+    portal.stop()
+    time.sleep(2.0)  # past stop_after_s without a heartbeat: the portal may have given the replica up
+    again = start_agent(stop_after_s=1.5)
+    ended = portal.wait_for(lambda: (r := again.record(8)) is not None and r.state == "exited" and r, what="the replica ended")
+    assert ended.stop_cause == "portal_unreachable" and len(starts.read_text().split()) == 1
+    portal.start()
+    assert exited(portal, 8)["stop_cause"] == "portal_unreachable"
+    assert len(starts.read_text().split()) == 1
