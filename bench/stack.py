@@ -105,6 +105,7 @@ class Stack:
         portal_pg: str | None = None,
         nodes_file: str = "8xH100",
         database: str = "postgresql",
+        asgi: bool = False,
     ) -> None:
         self.nodes, self.fleets, self.agents_on, self.simulate = nodes, fleets, agents, nodes_file
         # "sqlite": the zero-setup demo's way (`make run`): a SQLite file, kombu's embedded broker, the file cache.
@@ -115,6 +116,10 @@ class Stack:
         self.db = f"yard_bench_{self.mark[:8]}"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # The ASGI server (uvicorn: the notebook and service proxies), as `make run` starts it beside gunicorn.
+        self.asgi = asgi
+        self.asgi_port = free_port() if asgi else 0
+        self.asgi_url = f"http://127.0.0.1:{self.asgi_port}" if asgi else ""
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.env = {
             **os.environ,
@@ -161,7 +166,15 @@ class Stack:
                               "--without-gossip", "--without-mingle", "-n", f"bench-{self.mark[:6]}@%h"],
                    env={**self.env, "LOG_LEVEL": "INFO"})  # fmt: skip
         self.start("beat", [PY, "-m", "celery", "-A", "portal", "beat", "-l", "WARNING", "-s", str(self.tmp / "beat-schedule")])
+        if self.asgi:
+            self.start(
+                "asgi",
+                [PY, "-m", "uvicorn", "portal.asgi:application", "--host", "127.0.0.1", "--port", str(self.asgi_port),
+                 "--lifespan", "on", "--no-server-header", "--timeout-graceful-shutdown", "3", "--no-access-log"],
+            )  # fmt: skip
         self.wait_http()
+        if self.asgi:
+            self.wait_http(url=self.asgi_url + "/healthz")
         if self.agents_on:
             self.start_fleets()
         return self
@@ -209,16 +222,16 @@ print(token_create_service(actor=user, team=team, name="bench", expires_at=None)
         self.procs[name] = proc
         return proc
 
-    def wait_http(self, timeout: float = 60) -> None:
+    def wait_http(self, timeout: float = 60, *, url: str = "") -> None:
         import urllib.request
 
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError):
-                urllib.request.urlopen(self.url + "/healthz", timeout=2).read()
+                urllib.request.urlopen(url or self.url + "/healthz", timeout=2).read()
                 return
             time.sleep(0.3)
-        raise RuntimeError(f"gunicorn did not answer; see {self.tmp / 'web.log'}")
+        raise RuntimeError(f"{url or 'gunicorn'} did not answer; see the logs in {self.tmp}")
 
     def start_fleets(self) -> None:
         per = -(-self.nodes // self.fleets)

@@ -153,6 +153,7 @@ XDIST_GROUPS = {
     "tests/faults/test_database_outage.py": "faults-db",
     "tests/faults/": "faults",
     "tests/containers/": "containers",
+    "tests/serving/test_live.py": "services-live",
 }
 
 
