@@ -349,6 +349,8 @@ class ServiceProxy:
                     if caller.body_started:  # cannot happen before a connection; never resend what was sent
                         raise
                     log.warning("service proxy: replica %s (job %s) refused: %s; trying another", route.url, route.job_id, exc)
+                    if len(self._down) > _CACHE_MAX:  # replicas long gone: start over
+                        self._down.clear()
                     self._down[route.url] = time.monotonic() + DOWN_FOR_S
                     continue
                 except httpx.TimeoutException as exc:

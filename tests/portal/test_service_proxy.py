@@ -421,3 +421,23 @@ def test_each_window_is_written_with_its_requests_errors_and_latency(stack):
     assert set(per) == {stack.one.job.pk, stack.two.job.pk}  # the 503 was sent nowhere
     assert sum(r["requests"] for r in per.values()) == 34
     assert stats.inflight > 0
+
+
+def test_a_request_that_outlasts_its_window_counts_in_the_window_it_ends_in(stack):
+    with httpx.stream("GET", f"{stack.base}/stream", headers=stack.auth(), timeout=5) as answer:
+        chunks = answer.iter_raw()
+        began = time.time()
+        next(chunks)
+        time.sleep(WINDOW_S * 1.5)  # past the end of the window it began in
+        stack.one.release.set()
+        stack.two.release.set()
+        b"".join(chunks)
+    ended = time.time()
+    deadline = time.monotonic() + 2 * WINDOW_S + 2
+    while not ServiceWindow.objects.filter(service=stack.service).exists():
+        assert time.monotonic() < deadline, "the window was not written"
+        time.sleep(0.1)
+    (window,) = ServiceWindow.objects.filter(service=stack.service)
+    assert window.start.timestamp() > began  # not the window it began in...
+    assert window.start.timestamp() <= ended < window.start.timestamp() + WINDOW_S  # ...the one it ended in
+    assert window.requests == 1 and window.busy_s >= WINDOW_S * 1.5
