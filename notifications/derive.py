@@ -110,8 +110,36 @@ def _sentence(text: str) -> str:
     return (text[:1].upper() + text[1:] + ".") if text else ""
 
 
+SERVICE_KINDS = {"service.crash_loop": Kind.SERVICE_CRASH_LOOP, "service.rolled_back": Kind.SERVICE_ROLLED_BACK}
+
+
+def _service_event(row: AuditEntry) -> EventSpec | None:
+    """A service's replica crash-looping, or its rollout rolled back (the service controller's audit rows)."""
+    data = row.data if isinstance(row.data, dict) else {}
+    if not isinstance(data.get("service"), int):
+        return None
+    name = row.message.split(":", 1)[0]
+    if row.action == "service.crash_loop":
+        title = f"Service {name}: a replica is crash-looping"
+    else:
+        title = f"Service {name}: rollout rolled back"
+    return EventSpec(
+        key=f"audit:{row.pk}",
+        kind=SERVICE_KINDS[row.action],
+        time=row.time,
+        title=title,
+        body=_sentence(row.message.split(":", 1)[-1]),
+        link=f"/services/{data['service']}/",
+        team=row.unit,
+        data={"audit": row.pk, "action": row.action, **data},
+    )
+
+
 def from_audit_entry(row: AuditEntry) -> EventSpec | None:
-    """Quota changes (actions quota.*) of a unit: they affect every team at or under it."""
+    """Quota changes (actions quota.*) of a unit: they affect every team at or under it. A service's
+    crash-looping replica or rolled-back rollout: its owner and its team's leads hear of it."""
+    if row.action in SERVICE_KINDS:
+        return _service_event(row)
     if not row.action.startswith("quota.") or row.unit is None:
         return None
     return EventSpec(

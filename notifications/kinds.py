@@ -15,6 +15,8 @@ class Kind(models.TextChoices):
     IDLE_WARNING = "idle_warning", "Notebook idle: warning"
     IDLE_STOPPED = "idle_stopped", "Notebook idle: stopped"
     QUOTA_CHANGED = "quota_changed", "Quota of your team changed"
+    SERVICE_CRASH_LOOP = "service_crash_loop", "Service replica crash-looping"
+    SERVICE_ROLLED_BACK = "service_rolled_back", "Service rollout rolled back"
     # Not a preference: the owner of a webhook is always told in the portal that it was switched off.
     WEBHOOK_DISABLED = "webhook_disabled", "Webhook disabled"
 
@@ -32,7 +34,17 @@ CHOOSABLE = tuple(k for k in Kind if k != Kind.WEBHOOK_DISABLED)
 # to act — a failure, a preemption, a job about to hit its limit, a notebook about to be (or just) stopped.
 DEFAULTS: dict[str, frozenset[str]] = {
     Channel.PORTAL: frozenset(Kind),
-    Channel.EMAIL: frozenset({Kind.JOB_FAILED, Kind.JOB_PREEMPTED, Kind.JOB_NEAR_LIMIT, Kind.IDLE_WARNING, Kind.IDLE_STOPPED}),
+    Channel.EMAIL: frozenset(
+        {
+            Kind.JOB_FAILED,
+            Kind.JOB_PREEMPTED,
+            Kind.JOB_NEAR_LIMIT,
+            Kind.IDLE_WARNING,
+            Kind.IDLE_STOPPED,
+            Kind.SERVICE_CRASH_LOOP,
+            Kind.SERVICE_ROLLED_BACK,
+        }
+    ),
     # What a new webhook is ticked for: everything but "started" (the noisiest and least actionable).
     Channel.WEBHOOK: frozenset(CHOOSABLE) - {Kind.JOB_STARTED},
 }

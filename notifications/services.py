@@ -36,7 +36,7 @@ from notifications.channels import DeliveryError, check_webhook_url, email_enabl
 from notifications.derive import EventSpec, from_audit_entry, from_job_event, near_limit
 from notifications.kinds import CHOOSABLE, DEFAULTS, Channel, Kind
 from notifications.models import DeliveryState, Event, Notification, Preference, Watermark, Webhook
-from scheduling.models import Job, JobEvent
+from scheduling.models import Job, JobEvent, Service
 from scheduling.states import JobState
 from tenants.dispatch import send_task
 from tenants.models import ApiToken, AuditEntry, Membership, OrgUnit, Role, TokenKind, UnitKind
@@ -96,6 +96,14 @@ def _recipients(spec: EventSpec) -> tuple[list[User], list[int]]:
         user_ids = set(Membership.objects.filter(unit_id__in=team_ids).values_list("user_id", flat=True)) - {actor_id}
         users = list(User.objects.filter(pk__in=user_ids - _service_user_ids(user_ids), is_active=True))
         return users, team_ids
+    if spec.kind in (Kind.SERVICE_CRASH_LOOP, Kind.SERVICE_ROLLED_BACK):
+        service = Service.objects.select_related("user").filter(pk=int(spec.data["service"])).first()
+        if service is None:
+            return [], []
+        leads = set(Membership.objects.filter(unit_id=service.team_id, role=Role.TEAM_LEAD).values_list("user_id", flat=True))
+        user_ids = leads | {service.user_id}
+        users = list(User.objects.filter(pk__in=user_ids - _service_user_ids(user_ids), is_active=True))
+        return users, [service.team_id]
     assert spec.job is not None
     owner = spec.job.user
     users = [owner] if owner.is_active and not _service_user_ids([owner.pk]) else []

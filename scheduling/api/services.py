@@ -129,7 +129,7 @@ class RolloutOut(serializers.Serializer[Any]):
 class StatsOut(serializers.Serializer[Any]):
     seconds = serializers.FloatField()
     requests = serializers.IntegerField()
-    errors = serializers.IntegerField()
+    failed = serializers.IntegerField(help_text="Requests answered 5xx by a replica or by the proxy")
     requests_per_s = serializers.FloatField()
     p50_ms = serializers.FloatField(allow_null=True)
     p99_ms = serializers.FloatField(allow_null=True)
@@ -265,7 +265,7 @@ def _service_dict(service: Service, *, detail: bool) -> dict[str, Any]:
         out["stats"] = {
             "seconds": stats.seconds,
             "requests": stats.requests,
-            "errors": stats.errors,
+            "failed": stats.errors,
             "requests_per_s": round(stats.rps, 3),
             "p50_ms": stats.p50_ms,
             "p99_ms": stats.p99_ms,

@@ -25,7 +25,20 @@ from prometheus_client.registry import Collector
 
 from scheduling.agent.liveness import CLOCK as LIVENESS_CLOCK
 from scheduling.cycle import CYCLE_SECONDS_CACHE_KEY
-from scheduling.models import Allocation, BlindSpell, Gpu, Job, JobEvent, JobKind, LivenessClock, Node, SchedulerLease, XidEvent
+from scheduling.models import (
+    Allocation,
+    BlindSpell,
+    Gpu,
+    Job,
+    JobEvent,
+    JobKind,
+    LivenessClock,
+    Node,
+    SchedulerLease,
+    Service,
+    ServiceState,
+    XidEvent,
+)
 from scheduling.selectors import quota_usage
 from scheduling.states import JobState
 from tenants.models import OrgUnit, UnitKind
@@ -177,6 +190,45 @@ def _quota_metrics() -> Iterator[Metric]:
     yield from (guaranteed, limit, used, borrowed)
 
 
+def _service_metrics(now: datetime) -> Iterator[Metric]:
+    """Per service: replicas wanted, live and ready, restarts in place, and what the proxy measured over
+    the last minute (requests/s, errors/s, p50/p99 latency, requests in flight)."""
+    from scheduling.serving.selectors import replicas_of, service_stats
+
+    labels = ["team", "service"]
+    wanted = GaugeMetricFamily("yard_service_replicas_wanted", "Replicas a service should have now", labels=labels)
+    live = GaugeMetricFamily("yard_service_replicas", "Replica jobs of a service that are not over", labels=labels)
+    ready = GaugeMetricFamily("yard_service_replicas_ready", "Replicas in the proxy's rotation", labels=labels)
+    restarts = GaugeMetricFamily(
+        "yard_service_replica_restarts", "In-place restarts of the live replicas' current attempts", labels=labels
+    )
+    crash = GaugeMetricFamily("yard_service_replicas_crash_looping", "Replicas the agent says are crash-looping", labels=labels)
+    rps = GaugeMetricFamily("yard_service_requests_per_second", "Requests through the proxy, last minute", labels=labels)
+    errors = GaugeMetricFamily("yard_service_errors_per_second", "5xx answers through the proxy, last minute", labels=labels)
+    inflight = GaugeMetricFamily(
+        "yard_service_inflight_requests", "Mean requests in flight at the proxy, last minute", labels=labels
+    )
+    latency = GaugeMetricFamily(
+        "yard_service_latency_seconds", "Latency at the proxy over the last minute", labels=[*labels, "quantile"]
+    )
+    for service in Service.objects.filter(state=ServiceState.ACTIVE).select_related("team").order_by("team__slug", "name"):
+        row = [service.team.slug, service.name]
+        replicas = replicas_of(service=service)
+        stats = service_stats(service=service, seconds=60, now=now)
+        wanted.add_metric(row, service.replicas)
+        live.add_metric(row, len(replicas))
+        ready.add_metric(row, sum(1 for r in replicas if r.ready))
+        restarts.add_metric(row, sum(r.restarts for r in replicas))
+        crash.add_metric(row, sum(1 for r in replicas if r.crash_looping))
+        rps.add_metric(row, stats.rps)
+        errors.add_metric(row, stats.errors / stats.seconds)
+        inflight.add_metric(row, stats.inflight)
+        for q, value in (("0.5", stats.p50_ms), ("0.99", stats.p99_ms)):
+            if value is not None:
+                latency.add_metric([*row, q], value / 1000)
+    yield from (wanted, live, ready, restarts, crash, rps, errors, inflight, latency)
+
+
 class YardCollector(Collector):
     def __init__(self, now: datetime) -> None:
         self.now = now
@@ -187,6 +239,7 @@ class YardCollector(Collector):
         yield from _job_metrics(self.now)
         yield from _cycle_metrics()
         yield from _quota_metrics()
+        yield from _service_metrics(self.now)
 
 
 def render_metrics(*, now: datetime) -> bytes:

@@ -21,8 +21,8 @@ from django.db.models import Q
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from scheduling.governance.accounting import JobUsage, Month, Usage, job_usage
-from scheduling.models import Allocation
+from scheduling.governance.accounting import JobUsage, Month, Usage, job_usage, usage_by
+from scheduling.models import Allocation, JobKind
 from scheduling.selectors import borrowed_beyond
 from tenants.models import OrgUnit, Quota, UnitKind
 
@@ -127,6 +127,12 @@ class Report:
 
     def teams(self) -> list[UnitNode]:
         return [n for n in self.nodes() if n.unit.kind == UnitKind.TEAM]
+
+    @property
+    def by_kind(self) -> list[tuple[str, Usage]]:
+        """Used hours per kind of work (batch jobs, notebooks, service replicas), in JobKind's order."""
+        totals = usage_by(self.jobs, "kind")
+        return [(label, totals[(kind,)]) for kind, label in JobKind.choices if (kind,) in totals]
 
     @property
     def total(self) -> Usage:

@@ -201,3 +201,31 @@ def test_a_crash_looping_replica_is_told_once(world):
     tick(service)
     rows = AuditEntry.objects.filter(action="service.crash_loop", object_id=str(service.pk))
     assert rows.count() == 1 and "crash-looping" in rows.get().message
+
+
+def test_a_crash_loop_and_a_rollback_notify_the_owner_and_the_teams_lead(world):
+    from notifications.kinds import Kind
+    from notifications.models import Notification
+    from notifications.services import notifications_collect
+    from tenants.models import Role
+    from tests.factories import make_user
+
+    make_user("lea", unit=world.org.team_a, role=Role.TEAM_LEAD)
+    service = world.create(replicas=1, progress_deadline_s=30)
+    tick(service)
+    (job,) = live(service)
+    start(job)
+    tick(service)
+    from scheduling.models import Task
+
+    Task.objects.filter(job=job, rank=0).update(service_crash_looping=True, service_restarts=3, service_message="exit 1")
+    tick(service)
+    service = service_update(user=world.ann, service=service, changes={"command": "serve --broken"})
+    tick(service)
+    (new,) = [j for j in live(service) if j.service_revision == 2]
+    start(new, ready=False)
+    tick(service, at=later(31))
+    notifications_collect(now=later(600))
+    got = {(n.user.username, n.event.kind) for n in Notification.objects.select_related("user", "event")}
+    assert {("ann", Kind.SERVICE_CRASH_LOOP), ("lea", Kind.SERVICE_CRASH_LOOP)} <= got
+    assert {("ann", Kind.SERVICE_ROLLED_BACK), ("lea", Kind.SERVICE_ROLLED_BACK)} <= got
