@@ -9,7 +9,6 @@ callers import ``scheduling.models`` as before.
 """
 
 from scheduling.models.cluster import EnrolmentToken, Gpu, GpuWindow, Leaf, Node, NodeState, Spine, XidEvent
-from scheduling.models.serving import RolloutState, Service, ServiceRevision, ServiceState, ServiceToken, ServiceWindow
 from scheduling.models.duties import BlindSpell, LivenessClock, SchedulerLease
 from scheduling.models.jobs import (
     LEAF_LOCALITY_CHOICES,
@@ -24,6 +23,7 @@ from scheduling.models.jobs import (
     TaskLogChunk,
     Tier,
 )
+from scheduling.models.serving import RolloutState, Service, ServiceRevision, ServiceState, ServiceToken, ServiceWindow
 
 __all__ = [
     "LEAF_LOCALITY_CHOICES",

@@ -82,7 +82,10 @@ class Service(models.Model):
             ),
             models.CheckConstraint(condition=Q(tier__gte=1) & Q(tier__lte=3), name="service_tier_1_to_3"),
             models.CheckConstraint(
-                condition=Q(min_replicas__lte=F("max_replicas")) & Q(min_replicas__gte=1) & Q(nodes_per_replica__gte=1) & Q(gpus_per_node__gte=1),
+                condition=Q(min_replicas__lte=F("max_replicas"))
+                & Q(min_replicas__gte=1)
+                & Q(nodes_per_replica__gte=1)
+                & Q(gpus_per_node__gte=1),
                 name="service_shape_sane",
             ),
         ]
