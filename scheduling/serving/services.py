@@ -98,7 +98,11 @@ def _check(spec: ServiceSpec, *, user: User, name_taken: bool) -> ServiceSpec:
         )
     elif name_taken:
         errors["name"].append(f"The team has a service called {spec.name} already: pick another name, or change that one")
-    low = spec.replicas if spec.min_replicas is None else spec.min_replicas
+    # Not given: the replicas asked for (no autoscaling), within whichever bound was given.
+    if spec.min_replicas is not None:
+        low = spec.min_replicas
+    else:
+        low = spec.replicas if spec.max_replicas is None else min(spec.replicas, spec.max_replicas)
     high = max(spec.replicas, low) if spec.max_replicas is None else spec.max_replicas
     if not 1 <= low <= high <= MAX_SERVICE_REPLICAS:
         errors["max_replicas"].append(f"1 <= min_replicas <= max_replicas <= {MAX_SERVICE_REPLICAS}")

@@ -229,3 +229,27 @@ def test_a_crash_loop_and_a_rollback_notify_the_owner_and_the_teams_lead(world):
     got = {(n.user.username, n.event.kind) for n in Notification.objects.select_related("user", "event")}
     assert {("ann", Kind.SERVICE_CRASH_LOOP), ("lea", Kind.SERVICE_CRASH_LOOP)} <= got
     assert {("ann", Kind.SERVICE_ROLLED_BACK), ("lea", Kind.SERVICE_ROLLED_BACK)} <= got
+
+
+def test_a_replica_whose_node_is_lost_is_moved_to_another_node_and_the_others_keep_serving(world):
+    from scheduling.models import Node, NodeState, Task
+    from scheduling.services import node_mark_lost
+
+    service = world.create(replicas=2, gpus_per_node=8)  # a whole node each
+    tick(service)
+    first, second = live(service)
+    for job in (first, second):
+        start(job)
+    lost = Task.objects.get(job=first, rank=0).node
+    assert Task.objects.get(job=second, rank=0).node_id != lost.pk
+    Node.objects.filter(pk=lost.pk).update(state=NodeState.DOWN)
+    node_mark_lost(node=Node.objects.get(pk=lost.pk), reason="test: node gone")
+    first.refresh_from_db()
+    assert (first.state, first.attempt) == (JobState.PENDING, 2)
+    assert ready_count(service) == 1, "the other replica is not touched"
+    tick(service)
+    first.refresh_from_db()
+    assert first.state == JobState.STARTING
+    moved = Task.objects.get(job=first, attempt=2, rank=0)
+    assert moved.node_id != lost.pk
+    assert len(live(service)) == 2, "moved, not replaced by a second replica"
