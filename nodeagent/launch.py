@@ -593,17 +593,24 @@ class Workloads:
         exit_code, signum = launcher.decode_status(status)
         code = exit_code if exit_code is not None else (-signum if signum is not None else None)
         line = info.crashed(now=node.clock(), exit_code=code, ever_ready=ever_ready)
-        info.message = service.clip_message(f"{killed}; {line}" if killed else line)
-        self.children.pop(record.key, None)
         if record.container:
-            # The dead container goes; its image stays (its digest keeps it from eviction), for the next one.
+            # The dead container goes (before its cgroup: runc's own group is below it); its image stays
+            # (its digest keeps it from eviction), for the next one.
             self.containers.cleanup(record)
             record.container = {k: v for k, v in record.container.items() if k in ("image", "digest")}
+        # Its cgroup goes too (whatever escaped the process group with it), and says whether the kernel
+        # killed the server for its memory; the next process gets a fresh one.
+        oom = self.limiter.release(record.key)
+        cause = "; ".join(c.removeprefix("yard-agent: ") for c in (killed, oom) if c)
+        info.message = service.clip_message(f"{cause}; {line}" if cause else line)
+        self.children.pop(record.key, None)
         with contextlib.suppress(OSError):
             record.exit_file.unlink(missing_ok=True)  # the next process's status must not be read as this one's
         with contextlib.suppress(OSError), open(record.log_path, "a") as handle:
             if killed:
                 handle.write(f"yard-agent: {killed}\n")
+            if oom:
+                handle.write(f"{oom}\n")
             handle.write(f"yard-agent: {line}\n")
         record.pid = None
         record.start_ticks = None
