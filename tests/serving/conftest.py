@@ -15,6 +15,7 @@ from scheduling.models import Job, Service, Task
 from scheduling.serving.controller import reconcile
 from scheduling.serving.services import ServiceSpec, service_create
 from scheduling.states import JobState, TaskState
+from tests.api.conftest import cast  # noqa: F401  (the API tests' fixed cast of users)
 from tests.factories import make_cluster, make_org, make_user
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from scheduling.models import RolloutState, Service, ServiceToken
 from scheduling.serving.services import token_hash
-from tests.api.conftest import cast, session_client, token_client  # noqa: F401  (cast: the fixture)
+from tests.api.conftest import session_client, token_client
 from tests.factories import make_cluster
 
 pytestmark = pytest.mark.django_db
