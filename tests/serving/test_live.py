@@ -42,7 +42,7 @@ ENV = {
 }
 # A model server in a few lines: y = the sum of squares below x, from the version in its environment.
 MODEL = """
-import json, os, sys
+import json, os, sys, time
 from http.server import ThreadingHTTPServer, BaseHTTPRequestHandler
 from pathlib import Path
 from urllib.parse import urlsplit, parse_qs
@@ -59,7 +59,9 @@ class Handler(BaseHTTPRequestHandler):
         if url.path == "/health":
             body = b"ok"
         elif url.path == "/predict":
-            x = int(parse_qs(url.query).get("x", ["10"])[0])
+            query = parse_qs(url.query)
+            x = int(query.get("x", ["10"])[0])
+            time.sleep(float(query.get("sleep", ["0"])[0]))  # a model that takes its time
             body = json.dumps({"y": sum(i * i for i in range(x)), "version": VERSION, "pid": os.getpid()}).encode()
         else:
             self.send_error(404)
@@ -98,13 +100,15 @@ class Load:
 
     url: str
     token: str
+    rate: float = RATE
+    query: str = ""
     results: list[tuple[float, float, int, str]] = field(default_factory=list)  # start, end, status, version or error
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def one(self, x: int) -> None:
         began = time.monotonic()
-        request = urllib.request.Request(f"{self.url}?x={x}", headers={"Authorization": f"Bearer {self.token}"})
+        request = urllib.request.Request(f"{self.url}?x={x}{self.query}", headers={"Authorization": f"Bearer {self.token}"})
         try:
             with urllib.request.urlopen(request, timeout=15) as response:
                 status, what = response.status, str(json.loads(response.read())["version"])
@@ -121,7 +125,7 @@ class Load:
             while not self.stop.is_set():
                 pool.submit(self.one, 200 + n % 50)
                 n += 1
-                time.sleep(max(0.0, began + n / RATE - time.monotonic()))
+                time.sleep(max(0.0, began + n / self.rate - time.monotonic()))
 
     def between(self, start: float, end: float) -> list[tuple[float, float, int, str]]:
         with self.lock:
@@ -249,3 +253,52 @@ def test_a_service_stays_up_through_a_crash_a_rollout_and_scaling_at_50_requests
     assert {r[3] for r in scaling if r[2] == 200} == {"2"}, "after the rollout only the new version answers"
     assert final["revision"] == 2 and final["ready_replicas"] == 1
     assert len(load.results) >= RATE * 20
+
+
+def test_the_autoscaler_follows_in_flight_requests_measured_at_the_proxy(tmp_path: Path) -> None:
+    """30 requests/s of 0.1 s each keep about 3 in flight: with a target of 1 per replica the service grows
+    from 1 to 3 replicas, and once the load stops it shrinks back to 1 after its cool-down, failing nothing."""
+    script = tmp_path / "model.py"
+    script.write_text(MODEL)
+    (tmp_path / "pids").mkdir()
+    env = {**ENV, "YARD_RENDEZVOUS_PORTS": free_block()}
+    with Stack(nodes=2, fleets=1, nodes_file="2xH100", extra_env=env, asgi=True) as stack:
+        stack.wait_ready(timeout=120)
+        body = {
+            "name": "slow", "team": "bench", "gpu_type": "H100", "replicas": 1, "min_replicas": 1, "max_replicas": 3,
+            "target_inflight": 1.0, "scale_cooldown_s": 10, "command": f"exec {sys.executable} {script}",
+            "env": {"MODEL_VERSION": "1", "PID_DIR": str(tmp_path / "pids")}, "readiness_path": "/health",
+            "probe_period_s": 0.5,
+        }  # fmt: skip
+        sid = api(stack, "POST", "/api/v1/services", body)["id"]
+        token = api(stack, "POST", f"/api/v1/services/{sid}/tokens", {"name": "load"})["token"]
+
+        def status() -> dict[str, Any]:
+            return dict(api(stack, "GET", f"/api/v1/services/{sid}"))
+
+        wait_for("1 ready replica", lambda: status()["ready_replicas"] == 1, timeout=120)
+        load = Load(url=f"{stack.asgi_url}/services/bench/slow/predict", token=token, rate=30.0, query="&sleep=0.1")
+        runner = threading.Thread(target=load.run, daemon=True)
+        runner.start()
+        try:
+            grown = wait_for("3 ready replicas", lambda: (s := status())["ready_replicas"] == 3 and s, timeout=120)
+            grew_at = time.monotonic()
+        finally:
+            load.stop.set()
+            runner.join(timeout=30)
+        shrunk = wait_for("back to 1 replica", lambda: len(status()["replica_list"]) == 1, timeout=150)
+        shrank_after = time.monotonic() - grew_at
+        scaled = stack.sql(
+            "SELECT message FROM tenants_auditentry WHERE action = 'service.autoscale' AND object_id = %s ORDER BY id",
+            (str(sid),),
+        )
+    print(
+        f"\nautoscaling at 30 requests/s x 0.1 s: grew to {grown['replicas']} replicas "
+        f"({grown['stats']['inflight']:.1f} in flight, {grown['stats']['requests_per_s']:.1f} requests/s measured at the proxy); "
+        f"back to 1 {shrank_after:.0f} s after the load stopped; {len(load.results)} requests, {len(failed(load.results))} failed\n"
+        + "\n".join(f"  {m}" for (m,) in scaled)
+    )
+    assert failed(load.results) == []
+    assert grown["stats"]["requests_per_s"] > 10
+    assert [m for (m,) in scaled][0].split(": ")[1].startswith("1 → ")
+    assert shrunk is not None
