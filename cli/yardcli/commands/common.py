@@ -37,7 +37,7 @@ def _print_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, ensure_ascii=False))
 
 
-# The API's field names as `yard submit` and `yard notebook launch` call them: an error about
+# The API's field names as `yard submit`, `yard notebook launch` and `yard serve` call them: an error about
 # time_limit_s is about --time to the person who typed -t. Only the snake_case names: a plain word
 # (team, name) in a sentence stays a word.
 OPTION_NAMES = {
@@ -48,6 +48,16 @@ OPTION_NAMES = {
     "gpu_type": "--gpu-type",
     "checkpoint_dir": "--checkpoint-dir",
     "leaf_locality": "--leaf-locality",
+    # yard serve's (the services API's field names)
+    "gpus_per_node": "--gpus-per-node",
+    "nodes_per_replica": "--nodes-per-replica",
+    "min_replicas": "--min",
+    "max_replicas": "--max",
+    "target_inflight": "--target-inflight",
+    "readiness_path": "--readiness-path",
+    "liveness_path": "--liveness-path",
+    "progress_deadline_s": "--progress-deadline",
+    "to_revision": "--to-revision",
 }
 _FIELD_WORD = re.compile(r"\b(" + "|".join(sorted(OPTION_NAMES, key=len, reverse=True)) + r")\b")
 
