@@ -252,3 +252,140 @@ class UnitMoveForm(forms.Form):
         unit_field, parent_field = self.fields["unit"], self.fields["parent"]
         assert isinstance(unit_field, forms.ModelChoiceField) and isinstance(parent_field, forms.ModelChoiceField)
         unit_field.queryset, parent_field.queryset = movable, parents
+
+
+# --------------------------------------------------------------------------- inference services
+
+
+def _check_probe_path(value: str, *, required: bool) -> str:
+    path = (value or "").strip()
+    if not path and not required:
+        return ""
+    if not path.startswith("/") or any(c in path for c in " \x00\r\n\t"):
+        raise ValidationError("A path on the server, starting with /, e.g. /health")
+    return path
+
+
+class _ReleaseFields(forms.Form):
+    """What a revision runs: an image, a command, an environment (a new value of any is a new revision)."""
+
+    image = forms.CharField(
+        max_length=images.MAX_REF,
+        required=False,
+        label="Image",
+        help_text="A container image to serve from, e.g. vllm/vllm-openai:v0.6.3. Empty: the nodes' own environment",
+    )
+    command = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "python -m http.server $PORT"}),
+        required=False,
+        help_text="Listen on $PORT unless a port is set. Empty: the image's own entry point",
+    )
+    env = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "KEY=VALUE, one a line"}), required=False, label="Environment"
+    )
+
+    def clean_env(self) -> dict[str, str]:
+        return parse_env(self.cleaned_data.get("env") or "")
+
+    def clean_image(self) -> str:
+        return clean_image_ref(self.cleaned_data.get("image"))
+
+    def clean_command(self) -> str:
+        return (self.cleaned_data.get("command") or "").replace("\r\n", "\n").strip()
+
+
+class ServiceForm(_ReleaseFields, _TeamAndGpuTypeForm):
+    """A new service (scheduling.serving.services.ServiceSpec); the service checks what only it can."""
+
+    team = forms.ModelChoiceField(queryset=OrgUnit.objects.none(), empty_label=None)
+    name = forms.CharField(
+        max_length=63, help_text="Lowercase letters, digits and dashes: part of its URL, /services/<team>/<name>/"
+    )
+    tier = forms.TypedChoiceField(
+        choices=Tier.choices, coerce=int, initial=Tier.PRODUCTION, help_text="1: never preempted; 2 or 3 for staging"
+    )
+    gpu_type = forms.ChoiceField(label="GPU type")
+    gpus_per_node = forms.IntegerField(min_value=1, max_value=16, initial=1, label="GPUs per node")
+    nodes_per_replica = forms.IntegerField(
+        min_value=1, max_value=64, initial=1, help_text="More than 1: one server over several nodes (rank 0 serves HTTP)"
+    )
+    replicas = forms.IntegerField(min_value=1, max_value=64, initial=1)
+    min_replicas = forms.IntegerField(min_value=1, max_value=64, required=False, help_text="Empty: as many as replicas")
+    max_replicas = forms.IntegerField(
+        min_value=1, max_value=64, required=False, help_text="Above the minimum: scaled by the requests in flight"
+    )
+    target_inflight = forms.FloatField(
+        min_value=0.1, max_value=10_000, initial=4.0, label="Target in-flight requests", help_text="Per replica, when autoscaled"
+    )
+    port = forms.IntegerField(min_value=1024, max_value=65535, required=False, help_text="Empty: the server listens on $PORT")
+    readiness_path = forms.CharField(max_length=512, initial="/", help_text="Ready once it answers 200-399, e.g. /health")
+    liveness_path = forms.CharField(
+        max_length=512, required=False, help_text="Restarted after 3 failed probes in a row. Empty: no liveness probe"
+    )
+    progress_deadline_s = forms.IntegerField(
+        min_value=30,
+        max_value=86_400,
+        initial=600,
+        label="Progress deadline (s)",
+        help_text="A rollout not ready by then is rolled back",
+    )
+
+    field_order = [
+        "team", "name", "tier", "gpu_type", "gpus_per_node", "nodes_per_replica", "replicas", "min_replicas",
+        "max_replicas", "target_inflight", "image", "command", "env", "port", "readiness_path", "liveness_path",
+        "progress_deadline_s",
+    ]  # fmt: skip
+
+    def clean_name(self) -> str:
+        return (self.cleaned_data.get("name") or "").strip()
+
+    def clean_readiness_path(self) -> str:
+        return _check_probe_path(self.cleaned_data.get("readiness_path") or "", required=True)
+
+    def clean_liveness_path(self) -> str:
+        return _check_probe_path(self.cleaned_data.get("liveness_path") or "", required=False)
+
+    def spec_kwargs(self) -> dict[str, Any]:
+        """The ServiceSpec fields (scheduling.serving.services.ServiceSpec) from the cleaned data."""
+        data = self.cleaned_data
+        return {
+            "name": data["name"],
+            "team": data["team"],
+            "tier": data["tier"],
+            "gpu_type": data["gpu_type"],
+            "gpus_per_node": data["gpus_per_node"],
+            "nodes_per_replica": data["nodes_per_replica"],
+            "replicas": data["replicas"],
+            "min_replicas": data.get("min_replicas"),
+            "max_replicas": data.get("max_replicas"),
+            "target_inflight": data["target_inflight"],
+            "image": data.get("image") or "",
+            "command": data.get("command") or "",
+            "env": data.get("env") or {},
+            "port": data.get("port"),
+            "readiness_path": data["readiness_path"],
+            "liveness_path": data.get("liveness_path") or "",
+            "progress_deadline_s": data["progress_deadline_s"],
+        }
+
+
+class ServiceScaleForm(forms.Form):
+    replicas = forms.IntegerField(min_value=1, max_value=64, label="Replicas")
+
+
+class ServiceRolloutForm(_ReleaseFields):
+    """A new release of a service, rolled out replica by replica."""
+
+
+class ServiceRollbackForm(forms.Form):
+    to_revision = forms.TypedChoiceField(coerce=int, label="Revision", choices=())
+
+    def __init__(self, *args: Any, revisions: list[tuple[int, str]], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        field = self.fields["to_revision"]
+        assert isinstance(field, forms.TypedChoiceField)
+        field.choices = revisions
+
+
+class ServiceTokenForm(forms.Form):
+    name = forms.CharField(max_length=100, label="Token name", help_text="Who calls with it, e.g. checkout-frontend")

@@ -2,7 +2,7 @@
 
 from django.urls import URLPattern, URLResolver, path
 
-from portal.views import cluster, fairshare, jobs, notebooks, quotas, tokens
+from portal.views import cluster, fairshare, jobs, notebooks, quotas, services, tokens
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("jobs/", jobs.jobs_list, name="jobs"),
@@ -18,6 +18,11 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("notebooks/<int:pk>/lab/", notebooks.notebook_lab_elsewhere),
     path("notebooks/<int:pk>/lab/<path:rest>", notebooks.notebook_lab_elsewhere),
     path("notebooks/<int:pk>/stop/", notebooks.notebook_stop, name="notebook-stop"),
+    # /services/<team>/<name>/… is the service proxy's (portal/service_proxy.py): no page here has a path of
+    # that shape, so the actions on a service are POSTs to its page (portal/views/services.py).
+    path("services/", services.services_list, name="services"),
+    path("services/new", services.service_new, name="service-new"),
+    path("services/<int:pk>/", services.service_detail, name="service"),
     path("cluster/", cluster.cluster, name="cluster"),
     path("cluster/nodes/", cluster.node_maintenance, name="node-maintenance"),
     path("tokens/", tokens.tokens, name="tokens"),
