@@ -565,8 +565,7 @@ class Workloads:
                 self.probers.stop(key)
                 continue
             if record.service is not None and record.service.crashes_since_ready and prober.snapshot()[2]:
-                record.service.crashes_since_ready = 0
-                record.service.message = None
+                record.service.crashes_since_ready = 0  # its message still tells of its last restart
                 self.node.dirty = True
 
     def service_report(self, record: TaskRecord) -> dict[str, Any] | None:

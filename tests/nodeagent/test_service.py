@@ -122,6 +122,7 @@ def test_a_ready_server_is_reported_with_its_url_and_port_and_restarted_in_place
     os.kill(first[0]["pid"], signal.SIGKILL)  # the server itself, not the agent's wrapper
     again = wait_report(portal, 3, lambda s: s["restarts"] == 1 and s["ready"], "the server restarted and ready again")
     assert (again["last_exit_code"], again["crash_looping"]) == (-signal.SIGKILL, False)
+    assert again["message"] == "restart 1 after exit code -9; next back-off 1 s"  # ready again, its last restart still said
     assert again["last_restart_at"] is not None
     second = starts_of(starts)
     assert len(second) == 2 and second[1]["pid"] != first[0]["pid"]
@@ -158,7 +159,7 @@ def test_a_command_that_exits_at_once_crash_loops_with_a_growing_capped_back_off
     times = [float(t) for t in starts.read_text().split()]
     gaps = [b - a for a, b in itertools.pairwise(times)]
     # 1 s, then 2 s, then 2 s again (the spec's backoff_max_s), each measured from a crash a moment after its start.
-    assert 1.0 <= gaps[0] < 1.9 and 2.0 <= gaps[1] < 2.9 and 2.0 <= gaps[2] < 2.9, gaps
+    assert 1.0 <= gaps[0] < 1.9 and 2.0 <= gaps[1] < 3.5 and 2.0 <= gaps[2] < 3.5, gaps
     log = portal.wait_for(
         lambda: "restart 3 after" in portal.log_text(4) and portal.log_text(4), what="three restarts in the log"
     )
@@ -173,7 +174,10 @@ def test_a_failing_liveness_probe_kills_the_server_and_it_is_restarted(
 ) -> None:
     command, starts = server_command(tmp_path)
     start_agent()
-    portal.set_desired("node-t1", [service_spec(5, command, port=launcher.free_port("127.0.0.1"), liveness_path="/sick")])
+    # As in Kubernetes, a server not yet listening fails its liveness probe too: initial_delay_s gives this
+    # one time to start (python's start on a loaded machine), so that what kills it is its HTTP 500.
+    spec = service_spec(5, command, port=launcher.free_port("127.0.0.1"), liveness_path="/sick", initial_delay_s=1.5)
+    portal.set_desired("node-t1", [spec])
     restarted = wait_report(portal, 5, lambda s: s["restarts"] >= 1, "a restart after the liveness probe failed")
     assert restarted["last_exit_code"] == -signal.SIGKILL
     portal.wait_for(lambda: len(starts_of(starts)) >= 2, what="the server started again")
