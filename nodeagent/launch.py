@@ -4,6 +4,10 @@ A (task, attempt) is written to the journal before its process is forked, so an 
 right after the fork finds the process by its launch id instead of starting it twice. The workload's
 own exit status comes from the launcher's wrapper (nodeagent/launcher.py), so a restarted agent, no
 longer its parent, still learns it.
+
+A service replica's process that exits while nobody told it to stop does not end its task: it is
+started again in place after a back-off, under a fresh launch id journaled first as at any launch
+(`restart_later`, `restart_due`; the counting in nodeagent/service.py).
 """
 
 from __future__ import annotations
@@ -545,11 +549,20 @@ class Workloads:
                 log.warning("task %s attempt %s: %s", record.task_id, record.attempt, reason)
                 signal_task(ref, pid, signal.SIGKILL)
 
+        def changed() -> None:
+            # The portal's proxy and controller act on readiness: it goes out with the next heartbeat, soon.
+            current = self.probers.get(record.key)
+            if current is not None and current.killed is None:
+                log.info(
+                    "task %s attempt %s: %s", record.task_id, record.attempt, "ready" if current.snapshot()[0] else "not ready"
+                )
+            self.heartbeat_soon()
+
         prober = Prober(
             address=str(self.node.config.address),
             port=info.port,
             spec=info.probe_spec(),
-            on_change=self.heartbeat_soon,
+            on_change=changed,
             kill=kill,
             name=f"probe-{record.task_id}-{record.attempt}",
         )
