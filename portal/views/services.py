@@ -105,6 +105,12 @@ class ReplicaRow:
         return self.replica.job.pending_reason if self.replica.job.state == JobState.PENDING else ""
 
     @property
+    def starting(self) -> bool:
+        """Pending but about to be placed (as the job page says it): no reason to wait was given."""
+        reason = self.pending_reason
+        return not reason or reason.startswith(("queued", "fits now", "requeued"))
+
+    @property
     def estimated_start(self) -> datetime | None:
         return self.replica.job.estimated_start if self.replica.job.state == JobState.PENDING else None
 

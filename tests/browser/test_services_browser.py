@@ -11,9 +11,11 @@ from django.db import connection
 from playwright.sync_api import Page, expect
 
 from scheduling.models import Service
-from scheduling.serving.controller import reconcile_all
+from scheduling.serving.controller import reconcile, reconcile_all
+from scheduling.serving.services import ServiceSpec, service_create
 from tests.browser.conftest import Cluster, People, screenshot, sign_in
 from tests.e2e.conftest import script
+from tests.factories import make_cluster
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -94,3 +96,22 @@ def test_create_a_service_through_the_form_follow_it_to_ready_and_scale_it(
     page.get_by_role("navigation", name="Main").get_by_role("link", name="Services", exact=True).click()
     expect(page.locator(f'tr[data-service="{service.pk}"] .replicas')).to_have_text("2 / 2")
     screenshot(page, "services")
+
+
+def test_the_services_pages_fit_a_390_px_screen(browser, live_server, people: People):
+    make_cluster(nodes=2)  # nodes in the database only, and no cycle: its replica is shown waiting
+    name = "a-service-with-a-rather-long-name-for-a-phone"
+    spec = ServiceSpec(name=name, team=people.org.team_a, gpu_type="H100", command="serve")
+    service = service_create(user=people.ann, spec=spec)
+    reconcile(service_id=service.pk)
+    context = browser.new_context(viewport={"width": 390, "height": 844}, device_scale_factor=1)
+    phone = context.new_page()
+    try:
+        sign_in(phone, live_server.url, "ann")
+        for path in ("/services/", "/services/new", f"/services/{service.pk}/"):
+            phone.goto(f"{live_server.url}{path}")
+            widths = phone.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+            assert widths[0] <= widths[1] == 390, f"{path} is {widths[0]} px wide on a 390 px screen"
+        screenshot(phone, "service-phone")
+    finally:
+        context.close()

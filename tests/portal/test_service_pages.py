@@ -222,6 +222,14 @@ def test_a_pending_replica_says_why_it_waits_and_when_it_may_start(client, cast)
     assert ">pending</span>" in page
 
 
+def test_a_replica_not_yet_placed_says_it_is_starting(client, cast):
+    service = _create(cast)
+    reconcile(service_id=service.pk)  # made, not yet through a cycle
+    client.force_login(cast.ann)
+    page = _page(client, service)
+    assert "Starting: the scheduler places it at its next cycle" in page and "Waiting:" not in page
+
+
 def test_a_crash_looping_replica_shows_its_message_and_last_log_lines(client, cast):
     service = _create(cast)
     job = _running(service)
