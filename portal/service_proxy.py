@@ -138,11 +138,15 @@ def _may_call_sync(session_key: str | None, service_id: int | None) -> tuple[boo
         close_old_connections()
 
 
-def _write_windows_sync(rows: list[dict[str, Any]]) -> None:
-    from scheduling.models import Service, ServiceWindow
+def _write_windows_sync(rows: list[dict[str, Any]], tokens_used: set[str]) -> None:
+    from django.utils import timezone
+
+    from scheduling.models import Service, ServiceToken, ServiceWindow
 
     close_old_connections()
     try:
+        if tokens_used:  # to the window: what the tokens page shows people
+            ServiceToken.objects.filter(token_hash__in=tokens_used).update(last_used_at=timezone.now())
         live = set(Service.objects.filter(pk__in={r["service_id"] for r in rows}).values_list("pk", flat=True))
         objects = [ServiceWindow(**r) for r in rows if r["service_id"] in live]  # a deleted service's are dropped
         ServiceWindow.objects.bulk_create(
@@ -171,6 +175,7 @@ class ServiceProxy:
         self._down: dict[str, float] = {}  # replica url -> monotonic time it may be tried again
         self._windows: dict[tuple[int, float], _Window] = {}
         self._flusher: asyncio.Task[None] | None = None
+        self._tokens_used: set[str] = set()  # token hashes used since the last write (for last_used_at)
 
     # -- plumbing ------------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -303,9 +308,11 @@ class ServiceProxy:
             await _json(send, 503, "The portal cannot read its database; try again shortly.", retry_after=True)
             return
         if bearer is not None:
-            if found is None or not _token_matches(bearer, found.token_hashes):
+            matched = _token_matches(bearer, found.token_hashes) if found is not None else None
+            if matched is None:
                 await _json(send, 401, "This token is not valid for this service (unknown, revoked, or another's).")
                 return
+            self._tokens_used.add(matched)
         elif not signed_in:
             await _json(send, 401, "Your portal session has ended; sign in again.")
             return
@@ -475,9 +482,11 @@ class ServiceProxy:
             for service_id, start in done
             for w in [self._windows[(service_id, start)]]
         ]
+        tokens, self._tokens_used = self._tokens_used, set()
         try:
-            await sync_to_async(_write_windows_sync)(rows)
+            await sync_to_async(_write_windows_sync)(rows, tokens)
         except Exception as exc:
+            self._tokens_used |= tokens
             log.warning("service proxy: cannot write %d windows yet: %s", len(rows), exc)
             for key in [k for k in self._windows if k[1] < now - 600]:
                 del self._windows[key]
@@ -560,12 +569,13 @@ def _bearer(scope: Scope) -> str | None:
     return token.strip() if scheme.lower() == "bearer" else ""  # another scheme: a credential that fails
 
 
-def _token_matches(token: str, hashes: frozenset[str]) -> bool:
+def _token_matches(token: str, hashes: frozenset[str]) -> str | None:
+    """The hash of ``token`` if it is one of ``hashes``; None if not."""
     digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).hexdigest()
     matched = False
     for known in hashes:  # all of them, each in constant time: no early exit that times a prefix
         matched |= hmac.compare_digest(digest, known)
-    return matched and bool(token)
+    return digest if matched and token else None
 
 
 def _origin_allowed(scope: Scope) -> bool:

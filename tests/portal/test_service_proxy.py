@@ -376,7 +376,8 @@ def test_server_sent_events_arrive_as_they_are_sent(stack):
 
 def test_a_caller_that_leaves_a_stream_is_no_longer_in_flight(stack):
     with httpx.stream("GET", f"{stack.base}/stream", headers=stack.auth(), timeout=5) as answer:
-        assert next(answer.iter_raw()) == b"data: first\n\n"
+        chunks = answer.iter_raw()  # held: a generator dropped here would close the connection when collected
+        assert next(chunks) == b"data: first\n\n"
         assert sum(stack.proxy._inflight.values()) == 1
     # Gone before the replica's last event: the proxy stops reading it rather than stream to nobody.
     deadline = time.monotonic() + 3
@@ -411,6 +412,7 @@ def test_each_window_is_written_with_its_requests_errors_and_latency(stack):
         assert time.monotonic() < deadline, "the windows were not written"
         time.sleep(0.1)
     windows = list(ServiceWindow.objects.filter(service=stack.service))
+    assert ServiceToken.objects.get(service=stack.service).last_used_at is not None  # written with the windows
     assert {w.source for w in windows} == {stack.proxy.source}
     assert all(w.start.timestamp() % WINDOW_S == 0 for w in windows)  # aligned on multiples of the window
     stats = service_stats(service=stack.service, seconds=60, now=timezone.now() + timedelta(seconds=WINDOW_S))
