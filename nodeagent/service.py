@@ -244,7 +244,10 @@ class Prober:
         while not self.stopped.is_set():
             began = time.monotonic()
             readiness.add(self.get(self.address, self.port, spec.readiness_path or "/", timeout_s=spec.timeout_s))
-            if spec.liveness_path is not None:
+            # Liveness counts only once the process has been ready (the readiness probe is its startup
+            # probe, as a Kubernetes startupProbe): a model server loading its weights for minutes is not
+            # killed for not answering yet; one that never gets ready is the rollout deadline's business.
+            if spec.liveness_path is not None and self.ever_ready:
                 liveness.add(self.get(self.address, self.port, spec.liveness_path, timeout_s=spec.timeout_s))
             if self.stopped.is_set():
                 return  # its process is gone or being stopped: what this round saw is of no use

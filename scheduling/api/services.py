@@ -208,6 +208,8 @@ class ServiceLogsOut(serializers.Serializer[Any]):
     replica = serializers.IntegerField(allow_null=True)
     attempt = serializers.IntegerField(required=False)
     rank = serializers.IntegerField()
+    task_state = serializers.CharField(allow_null=True, required=False, help_text="The rank's task now (null: not placed)")
+    replica_state = serializers.CharField(allow_null=True, required=False, help_text="The replica job's state")
     offset = serializers.IntegerField()
     next_offset = serializers.IntegerField()
     text = serializers.CharField(allow_blank=True)
@@ -454,6 +456,8 @@ class ServiceLogsView(ApiView):
                 "replica": chosen.job.pk,
                 "attempt": chosen.job.attempt,
                 "rank": p["rank"],
+                "task_state": task.state if task is not None else None,
+                "replica_state": chosen.job.state,
                 "offset": max(offset, 0),
                 "next_offset": next_offset,
                 "text": text,

@@ -174,9 +174,8 @@ def test_a_failing_liveness_probe_kills_the_server_and_it_is_restarted(
 ) -> None:
     command, starts = server_command(tmp_path)
     start_agent()
-    # As in Kubernetes, a server not yet listening fails its liveness probe too: initial_delay_s gives this
-    # one time to start (python's start on a loaded machine), so that what kills it is its HTTP 500.
-    spec = service_spec(5, command, port=launcher.free_port("127.0.0.1"), liveness_path="/sick", initial_delay_s=1.5)
+    # Liveness counts once the server has been ready (/health answers): then /sick's HTTP 500 kills it.
+    spec = service_spec(5, command, port=launcher.free_port("127.0.0.1"), liveness_path="/sick")
     portal.set_desired("node-t1", [spec])
     restarted = wait_report(portal, 5, lambda s: s["restarts"] >= 1, "a restart after the liveness probe failed")
     assert restarted["last_exit_code"] == -signal.SIGKILL
@@ -186,6 +185,20 @@ def test_a_failing_liveness_probe_kills_the_server_and_it_is_restarted(
     assert "yard-agent: restart 1 after exit code -9; next back-off 1 s\n" in log
     first = starts_of(starts)[0]["pid"]
     assert not launcher.process_alive(first, None)
+
+
+def test_a_server_slow_to_start_is_not_killed_by_its_liveness_probe_before_it_is_ready(
+    portal: FakePortal, start_agent: StartAgent, tmp_path: Path
+) -> None:
+    """A model server loading its weights answers nothing for a while: its liveness probe (which would
+    fail twice in 0.2 s) counts only from its first ready answer, so it is never killed while it loads."""
+    command, starts = server_command(tmp_path)
+    start_agent()
+    spec = service_spec(9, f"sleep 2; exec {command}", port=launcher.free_port("127.0.0.1"), liveness_path="/health")
+    portal.set_desired("node-t1", [spec])
+    ready = wait_report(portal, 9, lambda s: s["ready"], "the slow server ready")
+    assert ready["restarts"] == 0 and ready["live"] is not False
+    assert len(starts_of(starts)) == 1
 
 
 def test_a_stop_order_during_the_back_off_ends_the_task_and_nothing_is_started_again(
