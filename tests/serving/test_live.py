@@ -296,8 +296,7 @@ def test_the_autoscaler_follows_in_flight_requests_measured_at_the_proxy(tmp_pat
         f"\nautoscaling at 30 requests/s x 0.1 s: grew to {grown['replicas']} replicas "
         f"({grown['stats']['inflight']:.1f} in flight, {grown['stats']['requests_per_s']:.1f} requests/s measured at the proxy); "
         f"back to 1 {shrank_after:.0f} s after the load stopped; "
-        f"{len(load.results)} requests, {len(failed(load.results))} failed\n"
-        + "\n".join(f"  {m}" for (m,) in scaled)
+        f"{len(load.results)} requests, {len(failed(load.results))} failed\n" + "\n".join(f"  {m}" for (m,) in scaled)
     )
     assert failed(load.results) == []
     assert grown["stats"]["requests_per_s"] > 10
