@@ -214,18 +214,19 @@ def percentile(counts: Sequence[int], q: float) -> float | None:
 
 
 def service_stats(*, service: Service, seconds: float = 60.0, now: datetime | None = None) -> ServiceStats:
-    """What the proxies measured of ``service`` over the last ``seconds`` (whole windows that have ended)."""
+    """What the proxies measured of ``service`` over the last ``seconds``: the windows that have ended and
+    began within them. A proxy writes no row for a window without requests, so the rates are over the
+    whole ``seconds`` (a quiet window counts as zero, as it was)."""
     now = now or timezone.now()
     size = window_s()
-    since = now - timedelta(seconds=seconds + size)
-    windows = ServiceWindow.objects.filter(service=service, start__gte=since, start__lte=now - timedelta(seconds=size))
+    windows = ServiceWindow.objects.filter(
+        service=service, start__gte=now - timedelta(seconds=seconds + size), start__lt=now - timedelta(seconds=size)
+    )
     stats = ServiceStats(seconds=seconds)
     counts = [0] * (len(SERVICE_LATENCY_EDGES_MS) + 1)
     busy = 0.0
-    starts: set[datetime] = set()
     per: dict[int, list[float]] = {}
     for w in windows:
-        starts.add(w.start)
         stats.requests += w.requests
         stats.errors += w.errors
         busy += w.busy_s
@@ -235,7 +236,7 @@ def service_stats(*, service: Service, seconds: float = 60.0, now: datetime | No
             acc = per.setdefault(job_id, [0.0, 0.0])
             acc[0] += n
             acc[1] += spent
-    span = max(len(starts), 1) * size if starts else seconds
+    span = seconds
     stats.rps = stats.requests / span
     stats.inflight = busy / span
     stats.p50_ms, stats.p99_ms = percentile(counts, 0.50), percentile(counts, 0.99)

@@ -11,7 +11,7 @@ from django.utils import timezone
 from scheduling.cycle import enforce_time_limits
 from scheduling.cycle_lease import lease_claim, lease_release
 from scheduling.models import Job, JobKind, RolloutState, Service, ServiceState, ServiceWindow
-from scheduling.serving.controller import SURGE_WAIT_S
+from scheduling.serving.controller import AUTOSCALE_WINDOW_S, SURGE_WAIT_S
 from scheduling.serving.selectors import replicas_of, window_s
 from scheduling.serving.services import service_delete, service_update
 from scheduling.states import JobState
@@ -148,11 +148,12 @@ def test_autoscaling_follows_in_flight_requests_up_at_once_and_down_after_the_co
     now = timezone.now()
 
     def load(inflight: float, at) -> None:
-        start_at = at - timedelta(seconds=size * 2)
-        start_at = start_at.replace(microsecond=0)
-        ServiceWindow.objects.create(
-            service=service, start=start_at, source=f"test:{at.timestamp()}", requests=100, busy_s=inflight * size
-        )
+        """``inflight`` requests in flight on average over the autoscaler's whole window, ending now."""
+        for i in range(int(AUTOSCALE_WINDOW_S / size)):
+            start_at = at - timedelta(seconds=size * (i + 2))
+            ServiceWindow.objects.create(
+                service=service, start=start_at, source=f"test:{at.timestamp()}", requests=10, busy_s=inflight * size
+            )
 
     load(5.0, now)
     tick(service)
