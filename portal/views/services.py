@@ -19,7 +19,7 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods
@@ -346,3 +346,26 @@ ACTIONS: dict[str, Callable[[HttpRequest, Service], HttpResponse]] = {
     "revoke": _token_revoke,
     "delete": _delete,
 }
+
+
+def service_elsewhere(request: HttpRequest, team: str, name: str, rest: str = "") -> HttpResponse:
+    """/services/<team>/<name>/… reached the WSGI web tier: the service proxy (the ASGI server) serves it.
+
+    Where that lives on another address (YARD_NOTEBOOK_URL; `make run`: port 8001) the caller is sent there
+    with a 307 (its method and body kept); otherwise the reverse proxy does not route the path to it, and the
+    answer says what to change (JSON: the callers are programs)."""
+    target = notebook_public_url()
+    if target:
+        query = request.META.get("QUERY_STRING", "")
+        response = HttpResponse(status=307)  # a 302 would turn a POST into a GET
+        response["Location"] = f"{target}/services/{team}/{name}/{rest}" + (f"?{query}" if query else "")
+        return response
+    return JsonResponse(
+        {
+            "code": "proxy_not_routed",
+            "message": "Services are served by the portal's ASGI server (uvicorn portal.asgi:application), and this "
+            "request reached the web server instead: route /services/ to it in the reverse proxy, or set "
+            'YARD_NOTEBOOK_URL to where it listens. See the README, "Inference services".',
+        },
+        status=502,
+    )

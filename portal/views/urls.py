@@ -23,6 +23,9 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("services/", services.services_list, name="services"),
     path("services/new", services.service_new, name="service-new"),
     path("services/<int:pk>/", services.service_detail, name="service"),
+    # The proxy's paths, should they reach this server: where the proxy is, or what to route.
+    path("services/<str:team>/<str:name>/", services.service_elsewhere),
+    path("services/<str:team>/<str:name>/<path:rest>", services.service_elsewhere),
     path("cluster/", cluster.cluster, name="cluster"),
     path("cluster/nodes/", cluster.node_maintenance, name="node-maintenance"),
     path("tokens/", tokens.tokens, name="tokens"),

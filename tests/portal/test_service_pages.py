@@ -447,3 +447,12 @@ def test_no_page_path_is_one_the_service_proxy_would_take(path):
     from portal.service_proxy import PATH
 
     assert PATH.match(path) is None
+
+
+def test_a_call_to_a_service_that_reaches_the_web_tier_is_sent_to_the_proxy_or_told_what_to_route(client, settings):
+    settings.YARD_NOTEBOOK_URL = ""
+    lost = client.post("/services/team-a/chat/v1/completions?stream=1", data=b"{}", content_type="application/json")
+    assert lost.status_code == 502 and lost.json()["code"] == "proxy_not_routed"
+    settings.YARD_NOTEBOOK_URL = "http://127.0.0.1:8001"
+    sent = client.post("/services/team-a/chat/v1/completions?stream=1", data=b"{}", content_type="application/json")
+    assert sent.status_code == 307 and sent["Location"] == "http://127.0.0.1:8001/services/team-a/chat/v1/completions?stream=1"
