@@ -88,33 +88,35 @@ def parse_endpoint(value: str) -> Endpoint | None:
     return Endpoint(host=found["v6"] or found["host"], port=port)
 
 
-def _user_of(credential: Credential) -> Any:
+def _user_of(credential: Credential, *, again: bool) -> Any:
     """The person the credential signs in, or None. A bad token counts towards the address's lockout, and a
-    locked-out address is refused whatever it sends (as the API's token authentication does)."""
+    locked-out address is refused whatever it sends (as the API's token authentication does) — when a tunnel
+    opens: an open one (``again``) is not cut because others behind the same address guessed tokens."""
     from tenants.lockout import bad_token_seen, bad_token_wait
     from tenants.models import TokenKind
     from tenants.services import token_authenticate
 
     if credential.token is not None:
-        if bad_token_wait(credential.ip) is not None:
+        if not again and bad_token_wait(credential.ip) is not None:
             return None
         token = token_authenticate(raw=credential.token)
         if token is None:
-            bad_token_seen(credential.ip)
+            if not again:
+                bad_token_seen(credential.ip)
             return None
         return token.user if token.kind == TokenKind.PERSONAL else None
     user = _session_user(credential.session_key)
     return user if user.is_authenticated else None
 
 
-def _target_sync(credential: Credential, pk: int) -> Endpoint | None:
+def _target_sync(credential: Credential, pk: int, again: bool = False) -> Endpoint | None:
     """Where the tunnel of session ``pk`` goes, if the credential's person owns it and it runs; else None."""
     from scheduling.models import Job, JobKind, Task
     from scheduling.states import JobState, TaskState
 
     close_old_connections()  # as Django does around each request: this runs outside one
     try:
-        user = _user_of(credential)
+        user = _user_of(credential, again=again)
         if user is None:
             return None
         job = Job.objects.filter(pk=pk, kind=JobKind.DEV, state=JobState.RUNNING, user=user).only("attempt").first()
@@ -196,8 +198,8 @@ class DevProxy:
             with contextlib.suppress(Exception):  # refused, or cut: never left hanging
                 await send({"type": "websocket.close", "code": 1011})
 
-    async def target(self, credential: Credential, pk: int) -> Endpoint | None:
-        return await sync_to_async(_target_sync)(credential, pk)
+    async def target(self, credential: Credential, pk: int, *, again: bool = False) -> Endpoint | None:
+        return await sync_to_async(_target_sync)(credential, pk, again)
 
     async def _websocket(self, scope: Scope, receive: Receive, send: Send, pk: int) -> None:
         if (await receive())["type"] != "websocket.connect":
@@ -265,7 +267,7 @@ class DevProxy:
             while True:
                 await asyncio.sleep(RECHECK_S)
                 try:
-                    now = await self.target(credential, pk)
+                    now = await self.target(credential, pk, again=True)
                 except _Unavailable:
                     continue  # the database's trouble: an open tunnel is not cut for it
                 if now != endpoint:

@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -282,3 +283,41 @@ def test_real_ssh_runs_a_command_through_yard_ssh_proxy(people: People, sshd: Ss
     refused = lead.run("ssh", "--proxy", str(job.pk), timeout=30)
     assert refused.returncode == 1 and refused.stdout == ""
     assert "the portal refused the tunnel (403): No running dev session of yours" in refused.stderr
+
+
+def test_yard_ssh_proxy_copies_bytes_and_says_why_when_the_session_is_cut(
+    people: People, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from portal import dev_proxy
+
+    monkeypatch.setattr(dev_proxy, "RECHECK_S", 0.3)
+    echo = socket.create_server(("127.0.0.1", 0))
+
+    def serve_one() -> None:
+        conn, _ = echo.accept()
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    threading.Thread(target=serve_one, daemon=True).start()
+    job = running_session(
+        user=people.owner, team=people.team, endpoint=f"127.0.0.1:{echo.getsockname()[1]}", host_key=keygen(tmp_path / "h")
+    )
+    proxy = subprocess.Popen(
+        [yard_executable(), "ssh", "--proxy", str(job.pk)], env=people.owner_yard.env(),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proxy.stdin is not None and proxy.stdout is not None
+        proxy.stdin.write(b"SSH-2.0-OpenSSH_9.2\r\n")
+        proxy.stdin.flush()
+        assert proxy.stdout.read(21) == b"SSH-2.0-OpenSSH_9.2\r\n"
+        Job.objects.filter(pk=job.pk).update(state=JobState.CANCELLED)
+        proxy.wait(timeout=20)  # stdin stays open: the end is the portal's, not ours
+        assert proxy.stderr is not None
+        stderr = proxy.stderr.read()
+    finally:
+        proxy.kill()
+        echo.close()
+    assert proxy.returncode == 1
+    assert b"the tunnel was closed (1008: the dev session stopped" in stderr

@@ -238,3 +238,13 @@ def test_endpoints_as_agents_report_them() -> None:
     assert parse_endpoint("gpu-node-3:2222") == Endpoint("gpu-node-3", 2222)
     for bad in ("", "127.0.0.1", "fd00::7:22", "host:0", "host:70000", "a b:22"):
         assert parse_endpoint(bad) is None, bad
+
+
+def test_an_address_that_guessed_tokens_is_refused_even_the_owners(proxy, cast, session, settings):
+    settings.YARD = {**settings.YARD, "TOKEN_FAILURE_LIMIT": 2}
+    owner = bearer(cast.ann)
+    url = ws_url(proxy, session.pk)
+    assert run_async(round_trip(url, owner, b"x")) == b"x"
+    for guess in ("ym_guess-1", "ym_guess-2"):
+        assert run_async(refusal(url, {"Authorization": f"Bearer {guess}"}))[0] == 403
+    assert run_async(refusal(url, owner))[0] == 403  # locked out, as the API's tokens are (tenants/lockout.py)
