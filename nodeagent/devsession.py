@@ -22,6 +22,7 @@ writes its pid file there); the agent writes into it through fresh files renamed
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pwd
 import re
@@ -244,7 +245,7 @@ def prepare(
     address: str,
     env: Mapping[str, str],
     account: pwd.struct_passwd | None,
-    log: Any,
+    log: logging.LoggerAdapter[Any] | logging.Logger,
 ) -> tuple[DevInfo, str]:
     """Make the session's folder (host key, authorized_keys, sshd_config) and return its journaled state
     and the task's command. Raises DevError (the node cannot) or OSError (its disk)."""
@@ -309,7 +310,7 @@ def prepare(
 
 # -- the running session: its report, and its sessions' end ------------------------------------------------
 
-Proc = tuple[int, int | None]  # (pid, start ticks): one process for good
+Proc = tuple[int, int]  # (pid, start ticks): one process for good
 
 
 def _tree() -> dict[int, list[int]]:
@@ -346,7 +347,9 @@ class DevSessions:
         children = _tree()
         known = self.sessions.setdefault(key, set())
         for pid in _descendants(wrapper, children):
-            known.add((pid, launcher.start_ticks(pid)))
+            started = launcher.start_ticks(pid)
+            if started is not None:  # else gone already, and its pid free for another process
+                known.add((pid, started))
         return sum(len(children.get(listener, ())) for listener in children.get(wrapper, ()))
 
     def report(
@@ -376,8 +379,8 @@ class DevSessions:
         those below its wrapper now, and those seen there before (their listener may be gone)."""
         if pid is not None:
             self._look(key, pid, ticks)
-        for proc, ticks in self.sessions.get(key, set()):
-            if proc != pid and launcher.process_alive(proc, ticks):
+        for proc, started in self.sessions.get(key, set()):
+            if proc != pid and launcher.process_alive(proc, started):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(proc, signum)
 

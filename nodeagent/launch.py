@@ -625,6 +625,8 @@ class Workloads:
         """authorized_keys as the spec says now: sshd reads it at each login, so no restart is needed."""
         info = record.dev
         assert info is not None
+        if not isinstance(spec.get("dev"), dict):
+            return  # an entry without its keys says nothing about them: they stay as they are
         keys = devsession.clean_keys(spec)
         if keys == info.keys:
             return

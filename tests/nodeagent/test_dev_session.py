@@ -241,6 +241,28 @@ def test_a_stop_ends_sshd_and_its_sessions_and_frees_the_port(
         client.wait()
 
 
+def test_a_restarted_agent_adopts_the_session_its_host_key_and_its_keys(
+    portal: FakePortal, start_agent: StartAgent, tmp_path: Path
+) -> None:
+    first, key, port, dev, pinned = start_session(portal, start_agent, tmp_path)
+    public = key.with_name("client-1.pub").read_text().strip()
+    assert ssh_until(key, pinned, port, "true").returncode == 0
+    pid = first.record(1).pid
+    first.stop()  # the agent goes; its workloads stay
+    beats = len(portal.heartbeats("node-t1"))
+    again = start_agent()
+    adopted = portal.wait_for(
+        lambda: [t for b in portal.heartbeats("node-t1")[beats:] for t in b["tasks"] if t["task_id"] == 1 and t["pid"] == pid],
+        what="the session adopted",
+    )[-1]
+    assert adopted["dev"]["host_key"] == dev["host_key"] and adopted["dev"]["endpoint"] == dev["endpoint"]
+    assert ssh(key, pinned, port, "true").returncode == 0
+    laptop, second = keypair(tmp_path, "laptop")
+    portal.set_desired("node-t1", [dev_spec(1, port=port, keys=[public, second])])
+    portal.wait_for(lambda: ssh(laptop, pinned, port, "true").returncode == 0, what="a key added after the restart")
+    assert again.record(1).pid == pid
+
+
 def test_each_session_has_a_host_key_of_its_own(portal: FakePortal, start_agent: StartAgent, tmp_path: Path) -> None:
     _, public = keypair(tmp_path, "client")
     ports = [launcher.free_port("127.0.0.1") for _ in range(2)]
@@ -257,6 +279,18 @@ def test_a_dev_session_in_an_image_is_refused_with_the_reason(portal: FakePortal
     portal.set_desired("node-t1", [dev_spec(1, port=launcher.free_port("127.0.0.1"), keys=[], container=container)])
     assert exited(portal, 1)["exit_code"] is None
     portal.wait_for(lambda: "dev sessions in images are not supported yet" in portal.log_text(1), what="the reason in the log")
+
+
+def test_a_port_taken_meanwhile_ends_the_session_with_sshds_reason_in_its_log(
+    portal: FakePortal, start_agent: StartAgent
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        start_agent()
+        portal.set_desired("node-t1", [dev_spec(1, port=taken.getsockname()[1], keys=[])])
+        assert exited(portal, 1)["exit_code"] == 255
+    portal.wait_for(lambda: "Address already in use" in portal.log_text(1), what="sshd's reason in the log")
 
 
 def test_a_node_without_sshd_fails_the_launch_saying_what_to_install(
