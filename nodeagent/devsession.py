@@ -364,6 +364,7 @@ class DevSessions:
                 info.last_activity = now
         return {
             "endpoint": info.endpoint,
+            "login": info.login,
             "host_key": info.host_key,
             "connections": connections,
             "last_activity": info.last_activity,

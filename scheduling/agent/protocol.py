@@ -287,6 +287,8 @@ DEV = Obj(
         # Where the session's sshd listens (address:port, for the portal's tunnel), its host public key
         # ("ssh-ed25519 AAAA…"), the SSH connections open now and the newest activity on any of them.
         "endpoint": Prop(Str(300, nullable=True)),
+        # The account sshd lets in (the owner's under --run-as-owner, else the agent's own: root).
+        "login": Prop(Str(64, nullable=True)),
         "host_key": Prop(Str(1000, nullable=True)),
         "connections": Prop(Int(0, 100_000, nullable=True)),
         "last_activity": Prop(OPT_TIME),

@@ -221,6 +221,7 @@ class Task(models.Model):
     # connects (address:port, reachable from the portal only), the per-session host key the CLI pins,
     # the SSH connections open now and the newest activity on them.
     dev_endpoint = models.CharField(max_length=300, blank=True)
+    dev_login = models.CharField(max_length=64, blank=True)  # the account sshd lets in
     dev_host_key = models.CharField(max_length=1000, blank=True)
     dev_connections = models.PositiveIntegerField(null=True, blank=True)
     dev_last_activity = models.DateTimeField(null=True, blank=True)

@@ -91,6 +91,7 @@ class DevReport:
     """A dev session's sshd on its node: where it listens, its host key, its connections."""
 
     endpoint: str | None = None
+    login: str | None = None
     host_key: str | None = None
     connections: int | None = None
     last_activity: float | None = None
@@ -202,7 +203,9 @@ def heartbeat_from(data: dict[str, Any], *, received: float | None = None) -> He
                 service=ServiceReport(**{**t["service"], "last_restart_at": _shift(t["service"]["last_restart_at"], offset)})
                 if t.get("service")
                 else None,
-                dev=DevReport(**{**t["dev"], "last_activity": _shift(t["dev"]["last_activity"], offset)}) if t.get("dev") else None,
+                dev=DevReport(**{**t["dev"], "last_activity": _shift(t["dev"]["last_activity"], offset)})
+                if t.get("dev")
+                else None,
             )
             for t in data["tasks"]
         ],
