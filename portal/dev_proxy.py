@@ -285,6 +285,7 @@ class DevProxy:
             for task in tasks:
                 if not task.cancelled() and task.exception() is not None:
                     log.info("dev proxy: session %s: %s", pk, task.exception())
+                    closing.append((1011, "the connection to the session's sshd broke off"))
             code, reason = closing[0] if closing else (1000, "")
             with contextlib.suppress(Exception):  # the caller may be gone already
                 await send({"type": "websocket.close", "code": code, "reason": reason})

@@ -264,6 +264,10 @@ def ssh(mode: str | None, login: str | None, session_id: int, ssh_args: tuple[st
     argv += [alias(session_id), *ssh_args]
     sys.stdout.flush()
     sys.stderr.flush()
+    if os.name == "nt":  # Windows has no exec that keeps the console: run ssh and pass its status on
+        import subprocess
+
+        sys.exit(subprocess.call([binary, *argv[1:]]))
     os.execv(binary, argv)
 
 
