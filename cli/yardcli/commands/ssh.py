@@ -218,8 +218,7 @@ def _warn_if_env_only() -> None:
 @click.option(
     "-l",
     "--login",
-    help="The account to log in as (default: the portal's answer, your username; an agent that does not run jobs "
-    "as their owners lets in only its own account, often root)",
+    help="The account to log in as (default: the one the session's sshd lets in, as the portal reports it)",
 )
 @click.argument("session_id", type=click.IntRange(1))
 @click.argument("ssh_args", nargs=-1, type=click.UNPROCESSED)
@@ -231,7 +230,6 @@ def ssh(mode: str | None, login: str | None, session_id: int, ssh_args: tuple[st
       yard ssh 42                          # a shell
       yard ssh 42 -- nvidia-smi            # a command
       yard ssh 42 -- -L 8888:localhost:8888
-      yard ssh -l root 42                  # where the node's agent lets in only its own account
       yard ssh --config 42 >> ~/.ssh/config   # then ssh yard-42, scp, rsync, VS Code Remote-SSH
     """
     if ssh_args[:1] == ("--",):  # `yard ssh 42 -- cmd`: the separator is this command's, not ssh's
