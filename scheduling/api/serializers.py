@@ -295,8 +295,8 @@ class DevSshOut(serializers.Serializer[Any]):
     """How to reach a running dev session's sshd: through the portal's websocket tunnel (``yard ssh <id>``)."""
 
     user = serializers.CharField(
-        help_text="The account to log in as: the session's owner. Where the nodes' agents do not run jobs as their "
-        "owners, sshd lets in only the agent's own account, and that is the name to give ssh (ask your admins)"
+        help_text="The account to log in as, as the session's agent reported it: the owner's under --run-as-owner, "
+        "else the agent's own (root for an agent run as root). The owner's username until the agent has said"
     )
     host_key = serializers.CharField(
         allow_blank=True, help_text="The session's SSH host public key, to pin ('' until its sshd reports it)"
@@ -360,8 +360,9 @@ class JobDetailOut(JobOut):
 def dev_ssh(job: Job, task: Task) -> dict[str, Any]:
     """The ``ssh`` object of a running dev session (docs/dev-sessions.md), for the API and the session's page.
 
-    ``user`` is the owner's username: the account sshd lets in where agents run jobs as their owners. Where
-    they do not, only the agent's account can log in, and the portal cannot know its name (DevSshOut says so)."""
+    ``user`` is the account sshd lets in, as the agent reports it (Task.dev_login): the owner's where agents run
+    jobs as their owners, else the agent's own. An agent that has not said (an older one) runs sessions as the
+    owner's account only under --run-as-owner; the owner's username is the best guess then, and DevSshOut says so."""
     path = f"/dev-sessions/{job.pk}/ssh"
     base = str(getattr(settings, "YARD_NOTEBOOK_URL", "") or "") or str(settings.YARD_NOTIFY["PUBLIC_URL"])
     base = base.rstrip("/")
@@ -370,7 +371,7 @@ def dev_ssh(job: Job, task: Task) -> dict[str, Any]:
     elif base.startswith("http://"):
         base = "ws://" + base.removeprefix("http://")
     return {
-        "user": job.user.get_username(),
+        "user": task.dev_login or job.user.get_username(),
         "host_key": task.dev_host_key,
         "proxy_path": path,
         "proxy_url": base + path,

@@ -139,6 +139,15 @@ def test_the_ssh_object_of_a_running_session(cast, settings):
     }
 
 
+def test_the_login_account_is_the_one_the_agent_reported(client, cast):
+    job = _running_session(cast)
+    Task.objects.filter(job=job).update(dev_login="root")  # an agent run as root, not --run-as-owner
+    assert _api(cast.ann).get(f"/api/v1/dev-sessions/{job.pk}").json()["ssh"]["user"] == "root"
+    client.force_login(cast.ann)
+    body = client.get(reverse("dev-session", args=[job.pk])).content.decode()
+    assert 'id="dev-ssh-user">root<' in body and "its agent's account, not as their owners'" in body
+
+
 def test_the_tunnel_is_on_the_notebook_proxys_address_where_that_is_set(cast, settings):
     settings.YARD_NOTEBOOK_URL = "http://127.0.0.1:8001"
     job = _running_session(cast)
