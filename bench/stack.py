@@ -145,6 +145,8 @@ class Stack:
             "YARD_RENDEZVOUS_PORTS": f"20000-{min(20000 + 16 * max(nodes, 1), 60999)}",
             **(extra_env or {}),
         }
+        if asgi:  # where the portal tells callers the ASGI server is (service and SSH tunnel URLs)
+            self.env.setdefault("YARD_NOTEBOOK_URL", self.asgi_url)
         if database == "sqlite":
             self.env.update(DATABASE_URL=f"sqlite:///{self.tmp / 'yard.sqlite3'}", REDIS_URL="")
         self.worker_concurrency = worker_concurrency

@@ -101,7 +101,11 @@ class Agent:
         self.registration = Identity(
             self.node, stop_event=self.stop_event, adopt_limits=lambda limits: self.adopt_portal_limits(limits, save=False)
         )
-        self.stopping = Stopper(self.node, finish=lambda record, status: self.workloads.finish(record, status))
+        self.stopping = Stopper(
+            self.node,
+            finish=lambda record, status: self.workloads.finish(record, status),
+            signal_sessions=lambda record, signum: self.workloads.signal_sessions(record, signum),
+        )
         self.workloads = Workloads(
             self.node,
             request_stop=self.stopping.request_stop,
@@ -116,6 +120,7 @@ class Agent:
             adopt_limits=self.adopt_portal_limits,
             reconcile=self.reconcile,
             service_report=self.workloads.service_report,
+            dev_report=self.workloads.dev_report,
         )
         self.shipping = Shipping(self.node)
 
@@ -351,6 +356,8 @@ class Agent:
                     self.workloads.launch(spec)
                 except (KeyError, TypeError, ValueError) as exc:
                     self.log.error("cannot start a malformed task spec (%r): %r", exc, spec)
+            elif record.dev is not None and record.live:
+                self.workloads.dev_keys(record, spec)  # a key added or removed in the portal, without a restart
         now = self.clock()
         for key, record in list(self.records.items()):
             if key in wanted:

@@ -165,8 +165,9 @@ class Telemetry:
 class Heartbeats:
     """Builds each heartbeat, sends it when due, and hands the portal's answer on: its limits to
     `adopt_limits`, its `desired` list to `reconcile` (both the agent's). Into the heartbeat go the
-    Stopper's `draining_reason`, the Workloads' `measure_use` (each live task's CPU and memory use) and
-    their `service_report` (a service replica's probes and restarts; None for other tasks)."""
+    Stopper's `draining_reason`, the Workloads' `measure_use` (each live task's CPU and memory use),
+    their `service_report` (a service replica's probes and restarts; None for other tasks) and their
+    `dev_report` (a dev session's sshd; None for other tasks)."""
 
     def __init__(
         self,
@@ -177,6 +178,7 @@ class Heartbeats:
         adopt_limits: Callable[[dict[str, Any]], None],
         reconcile: Callable[[list[dict[str, Any]]], None],
         service_report: Callable[[TaskRecord], dict[str, Any] | None] = lambda record: None,
+        dev_report: Callable[[TaskRecord], dict[str, Any] | None] = lambda record: None,
     ) -> None:
         self.node = node
         self.draining_reason = draining_reason
@@ -184,6 +186,7 @@ class Heartbeats:
         self.adopt_limits = adopt_limits
         self.reconcile = reconcile
         self.service_report = service_report
+        self.dev_report = dev_report
         self.telemetry = Telemetry(node.gpus, where=node.config.name)
         self.next_heartbeat = 0.0
         self.node_state: str | None = None  # as the portal last said
@@ -242,6 +245,7 @@ class Heartbeats:
             "checkpoint_time": self._checkpoint_time(record, self.node.clock()),
             "notebook": self._notebook_report(record),
             "service": self.service_report(record),
+            "dev": self.dev_report(record),
             # cpu_used, memory_used_mb, memory_peak_mb: only what was measured (an exited task sends none)
             **(use or {}),
         }

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from nodeagent.devsession import DevInfo
 from nodeagent.service import ServiceInfo
 
 TaskState = Literal["launching", "running", "stopping", "exited"]
@@ -66,6 +67,8 @@ class TaskRecord:
     message: str | None = None
     # A service replica (kind "service"): its port, probes and in-place restarts (nodeagent/service.py).
     service: ServiceInfo | None = None
+    # A dev session (kind "dev"): its sshd's folder, port, host key and keys (nodeagent/devsession.py).
+    dev: DevInfo | None = None
 
     @property
     def key(self) -> tuple[int, int]:
@@ -113,6 +116,9 @@ class TaskRecord:
         if values.get("service") is not None:
             known_service = {f.name for f in fields(ServiceInfo)}
             values["service"] = ServiceInfo(**{k: v for k, v in values["service"].items() if k in known_service})
+        if values.get("dev") is not None:
+            known_dev = {f.name for f in fields(DevInfo)}
+            values["dev"] = DevInfo(**{k: v for k, v in values["dev"].items() if k in known_dev})
         return cls(**values)
 
 

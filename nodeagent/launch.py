@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from nodeagent import cgroups, hostlist, launcher, notebook, service
+from nodeagent import cgroups, devsession, hostlist, launcher, notebook, service
 from nodeagent.config import DEFAULT_GRACE_S, MAX_ORDERED_GRACE_S
 from nodeagent.containers.base import ContainerPlan
 from nodeagent.containers.cdi import CdiError
@@ -120,6 +120,8 @@ class Workloads:
         # for its restarts in place.
         self.probers = Probers()
         self.images: dict[TaskKey, Image] = {}
+        # Dev sessions (nodeagent/devsession.py): their SSH connections and sessions' processes.
+        self.dev = devsession.DevSessions()
 
     def measure_use(self) -> dict[TaskKey, cgroups.TaskUse]:
         """The real CPU and memory use of each live task (cgroups.UseMeter: one pass over /proc for all of them at most)."""
@@ -301,6 +303,23 @@ class Workloads:
                     command = notebook.notebook_command(record.notebook, address=node.config.address, root_dir=record.run_dir)
                 # Jupyter's runtime files (kernel connection files) per task, whatever the owner's home.
                 env["JUPYTER_RUNTIME_DIR"] = str(record.run_dir / ".jupyter-runtime")
+            if record.kind == "dev":
+                if container:
+                    self.launch_failed(record, devsession.IN_IMAGE)
+                    return
+                try:
+                    # The logins get the task's own variables, not the agent's environment.
+                    record.dev, command = devsession.prepare(
+                        spec=spec,
+                        workdir=workdir,
+                        address=str(node.config.address),
+                        env=self.task_env(spec, record, account, base={}),
+                        account=account,
+                        log=node.log,
+                    )
+                except (devsession.DevError, subprocess.SubprocessError) as exc:
+                    self.launch_failed(record, str(exc))
+                    return
         except OSError as exc:
             self.launch_failed(record, f"cannot prepare the task: {exc}", cause=node_fault(exc))
             return
@@ -513,6 +532,10 @@ class Workloads:
         self.children.pop(record.key, None)
         self.probers.stop(record.key)
         self.images.pop(record.key, None)
+        if record.dev is not None:
+            # What is left of its SSH sessions (they are not in its process group) goes with it.
+            self.dev.signal(record.key, None, None, signal.SIGKILL)
+            self.dev.forget(record.key)
         if record.service is not None:
             record.service.restart_at = None  # ended while it waited to start again: never started again
         if record.container:
@@ -587,6 +610,38 @@ class Workloads:
             return None
         running = record.state == "running" and record.pid is not None
         return service.report(record.service, self.probers.get(record.key), running=running)
+
+    # -- dev sessions: sshd's report, its keys, its sessions' end (docs/dev-sessions.md, nodeagent/devsession.py) --
+    def dev_report(self, record: TaskRecord) -> dict[str, Any] | None:
+        """The heartbeat's ``dev`` object for a dev task while it is live (None for any other)."""
+        if record.dev is None or not record.live:
+            return None
+        running = record.state == "running" and record.pid is not None
+        return self.dev.report(
+            record.key, record.dev, pid=record.pid, ticks=record.start_ticks, running=running, now=self.node.clock()
+        )
+
+    def dev_keys(self, record: TaskRecord, spec: dict[str, Any]) -> None:
+        """authorized_keys as the spec says now: sshd reads it at each login, so no restart is needed."""
+        info = record.dev
+        assert info is not None
+        if not isinstance(spec.get("dev"), dict):
+            return  # an entry without its keys says nothing about them: they stay as they are
+        keys = devsession.clean_keys(spec)
+        if keys == info.keys:
+            return
+        try:
+            devsession.write_keys(info, keys)
+        except OSError as exc:
+            self.node.log.error("task %s attempt %s: cannot update its SSH keys: %s", *record.key, exc)
+            return
+        self.node.dirty = True
+        self.node.log.info("task %s attempt %s: SSH keys updated (%d key(s))", *record.key, len(keys))
+
+    def signal_sessions(self, record: TaskRecord, signum: signal.Signals) -> None:
+        """A dev task's SSH sessions get the signal its process group gets (each left the group: setsid)."""
+        if record.dev is not None:
+            self.dev.signal(record.key, record.pid, record.start_ticks, signum)
 
     def restart_later(self, record: TaskRecord, status: int | None) -> bool:
         """A service's process exited while nobody told it to stop: count the crash, write it into the

@@ -37,6 +37,10 @@ EPOCH_MAX = 4_102_444_800.0
 # A service replica's report (SERVICE): its URL and the agent's words on it, at most this long.
 SERVICE_URL_MAX = 300
 SERVICE_MESSAGE_MAX = 1000
+# A dev session's report (DEV): its endpoint and host key at most this long, its connections at most this many.
+DEV_ENDPOINT_MAX = 300
+DEV_HOST_KEY_MAX = 1000
+DEV_CONNECTIONS_MAX = 100_000
 
 
 def clean_metric(name: str, value: Any, *, where: str, bounds: dict[str, tuple[float, float]] = METRIC_BOUNDS) -> float | None:

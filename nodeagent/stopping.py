@@ -25,9 +25,17 @@ from nodeagent.journal import TaskRecord
 class Stopper:
     """Stops tasks; `finish` (the Workloads') records the end of one that never started."""
 
-    def __init__(self, node: Node, *, finish: Callable[[TaskRecord, int | None], None]) -> None:
+    def __init__(
+        self,
+        node: Node,
+        *,
+        finish: Callable[[TaskRecord, int | None], None],
+        signal_sessions: Callable[[TaskRecord, signal.Signals], None] = lambda record, signum: None,
+    ) -> None:
         self.node = node
         self.finish = finish
+        # A dev session's SSH sessions left its process group (nodeagent/devsession.py): they get its signals too.
+        self.signal_sessions = signal_sessions
         self.drains_posted: set[TaskKey] = set()
 
     def request_stop(self, record: TaskRecord, *, cause: str, grace_s: float, reason: str | None) -> None:
@@ -59,6 +67,7 @@ class Stopper:
         record.stop_reason = reason
         record.sigterm_at = now
         record.stop_deadline = now + grace_s
+        self.signal_sessions(record, signal.SIGTERM)
         signal_task(record.container, record.pid, signal.SIGTERM)
         node.save()
 
@@ -67,6 +76,7 @@ class Stopper:
         assert record.pid is not None
         if record.sigkill_at is None and record.stop_deadline is not None and now >= record.stop_deadline:
             self.node.log.warning("task %s attempt %s outlived its grace: SIGKILL", record.task_id, record.attempt)
+            self.signal_sessions(record, signal.SIGKILL)
             signal_task(record.container, record.pid, signal.SIGKILL)
             record.sigkill_at = now
             self.node.dirty = True

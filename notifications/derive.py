@@ -3,7 +3,7 @@
 Nothing here is told about events by the scheduler: the scheduling cycle, the agents' reports and the
 reaper record JobEvents as they always have, and this reads them afterwards. Classification is by the
 transition (to_state) and, for the idle reaper's notes, by the reaper's label and the start of its text
-(scheduling/governance/reaper.py: "idle warning: …", "… stopping the notebook").
+(scheduling/governance/reaper.py: "idle warning: …", "… stopping the notebook" or "… stopping the dev session").
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from notifications.kinds import Kind
-from scheduling.governance.reaper import REAPER_LABEL
+from scheduling.governance.reaper import REAPER_LABEL, STOP_NOTES
 from scheduling.models import Job, JobEvent, JobKind
 from scheduling.states import JobState
 from tenants.models import AuditEntry, OrgUnit
@@ -33,12 +33,17 @@ class EventSpec:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+# What a job of each kind is called, and where its page is (a kind not listed: "Job", /jobs/<id>/).
+_NAMES: dict[str, str] = {JobKind.NOTEBOOK: "Notebook", JobKind.DEV: "Dev session"}
+_PAGES: dict[str, str] = {JobKind.NOTEBOOK: "notebooks", JobKind.DEV: "dev-sessions"}
+
+
 def _what(job: Job) -> str:
-    return f"{'Notebook' if job.kind == JobKind.NOTEBOOK else 'Job'} #{job.pk} {job.name}"
+    return f"{_NAMES.get(job.kind, 'Job')} #{job.pk} {job.name}"
 
 
 def _link(job: Job) -> str:
-    return f"/{'notebooks' if job.kind == JobKind.NOTEBOOK else 'jobs'}/{job.pk}/"
+    return f"/{_PAGES.get(job.kind, 'jobs')}/{job.pk}/"
 
 
 def _hours(seconds: float) -> str:
@@ -87,7 +92,7 @@ def from_job_event(row: JobEvent) -> EventSpec | None:
         if row.reason.startswith("idle warning:"):
             body = _sentence(row.reason.removeprefix("idle warning:")) + " Use the GPUs or extend it on its page."
             return spec(Kind.IDLE_WARNING, f"{what} is idle and will be stopped", body)
-        if row.reason.endswith("stopping the notebook"):
+        if row.reason.endswith(STOP_NOTES):
             return spec(Kind.IDLE_STOPPED, f"{what} stopped: idle", _sentence(row.reason))
     return None
 

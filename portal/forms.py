@@ -225,6 +225,27 @@ class NotebookForm(_TeamAndGpuTypeForm):
         return clean_image_ref(self.cleaned_data.get("image"))
 
 
+class DevSessionForm(_TeamAndGpuTypeForm):
+    """A dev session (docs/dev-sessions.md): GPUs on one node, an SSH server, no command and no image (yet)."""
+
+    team = forms.ModelChoiceField(queryset=OrgUnit.objects.none(), empty_label=None)
+    gpu_type = forms.ChoiceField(label="GPU type")
+    gpus = forms.IntegerField(min_value=1, max_value=8, initial=1, label="GPUs")
+    tier = forms.TypedChoiceField(choices=Tier.choices, coerce=int, initial=Tier.RESEARCH)
+    time_limit_h = forms.FloatField(
+        min_value=1 / 60, max_value=24 * 14, required=False, label="Time limit (hours)", help_text="Empty: the cluster default"
+    )
+
+
+class SshKeyForm(forms.Form):
+    public_key = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "placeholder": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAA… you@laptop"}),
+        label="Public key",
+        help_text="The one line of your .pub file, e.g. cat ~/.ssh/id_ed25519.pub (never the private key)",
+    )
+    name = forms.CharField(max_length=100, required=False, help_text="Empty: the key's comment (you@laptop)")
+
+
 class QuotaForm(forms.Form):
     guaranteed = forms.IntegerField(min_value=0)
     limit = forms.IntegerField(min_value=0, required=False, help_text="Empty: no limit")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from portal.env import ImproperlyConfiguredEnv, env_float, env_int, env_int_set, env_list, env_port_range, env_str
+from portal.env import ImproperlyConfiguredEnv, env_bool, env_float, env_int, env_int_set, env_list, env_port_range, env_str
 
 
 def yard_settings(var_dir: Path) -> dict[str, object]:
@@ -44,6 +44,10 @@ def yard_settings(var_dir: Path) -> dict[str, object]:
         "SERVICE_TICK_S": env_float("YARD_SERVICE_TICK_S", 2.0, minimum=0.2),
         "SERVICE_DRAIN_S": env_float("YARD_SERVICE_DRAIN_S", 5.0, minimum=0),
         "SERVICE_WINDOW_S": env_float("YARD_SERVICE_WINDOW_S", 5.0, minimum=0.5),
+        # Dev sessions (docs/dev-sessions.md): what their sshd allows beyond a shell, scp/sftp and rsync.
+        "DEV_ALLOW_AGENT_FORWARDING": env_bool("YARD_DEV_ALLOW_AGENT_FORWARDING", False),
+        "DEV_ALLOW_TCP_FORWARDING": env_bool("YARD_DEV_ALLOW_TCP_FORWARDING", False),
+        "DEV_ALLOW_X11_FORWARDING": env_bool("YARD_DEV_ALLOW_X11_FORWARDING", False),
         # node liveness (relations asserted in tests: stop-after + grace < DOWN)
         "HEARTBEAT_INTERVAL_S": env_float("YARD_HEARTBEAT_INTERVAL_S", 10.0, minimum=0.2),
         # The most an agent's call waits on the database in all before it answers 503 "unavailable" (0:

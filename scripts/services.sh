@@ -53,6 +53,19 @@ if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] && ! ls /usr/lib
   fi
 fi
 
+# Dev sessions: the agent runs Debian's OpenSSH server per session, and the tests log in with its client.
+if [ ! -x /usr/sbin/sshd ] || ! command -v ssh >/dev/null 2>&1; then
+  if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+    echo "services: installing Debian's openssh-server for the dev-session tests"
+    (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openssh-server openssh-client >/dev/null 2>&1 \
+      || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            openssh-server openssh-client >/dev/null)) \
+      || echo "services: could not install openssh-server; the dev-session tests will be skipped with that reason"
+  else
+    echo "services: openssh-server is not installed (apt-get install openssh-server); the dev-session tests will be skipped"
+  fi
+fi
+
 # Containers (issue 26): runc runs a task's image, skopeo pulls it, umoci unpacks it; the tests push a
 # busybox-static image to Debian's docker-registry, and htpasswd (apache2-utils) makes its bcrypt logins.
 ct_missing=""

@@ -139,6 +139,26 @@ class ApiToken(models.Model):
         return self.revoked_at is None and (self.expires_at is None or self.expires_at > moment)  # type: ignore[operator]
 
 
+class SshKey(models.Model):
+    """A person's SSH public key (OpenSSH's one-line form): what their dev sessions' sshd lets in
+    (docs/dev-sessions.md). Only public keys are ever stored."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ssh_keys")
+    name = models.CharField(max_length=100)
+    key_type = models.CharField(max_length=64)  # "ssh-ed25519", "ecdsa-sha2-nistp256", "ssh-rsa", ...
+    public_key = models.TextField(help_text="<type> <base64> as OpenSSH writes it, without the comment")
+    fingerprint = models.CharField(max_length=64, help_text="SHA256:… as ssh-keygen -l prints it")
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["user_id", "name"]
+        constraints = [models.UniqueConstraint(fields=["user", "fingerprint"], name="sshkey_unique_per_user")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.fingerprint})"
+
+
 class AuditEntry(models.Model):
     """Who did what, when: every mutating request, quota change and scheduler decision, once."""
 

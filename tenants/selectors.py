@@ -14,7 +14,7 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import Q, QuerySet
 from django.http import Http404
 
-from tenants.models import Membership, OrgUnit, Role, UnitKind
+from tenants.models import Membership, OrgUnit, Role, SshKey, UnitKind
 
 AnyUser = User | AnonymousUser
 
@@ -152,3 +152,18 @@ def ancestors(*, unit: OrgUnit) -> list[OrgUnit]:
     ids = [int(x) for x in unit.path.strip("/").split("/") if x]
     by_id = {u.pk: u for u in OrgUnit.objects.filter(pk__in=ids)}
     return [by_id[i] for i in ids if i in by_id]
+
+
+def ssh_keys_of(*, user: AnyUser) -> QuerySet[SshKey]:
+    """The user's own SSH public keys (no one else's are ever listed: not a lead's, not an admin's)."""
+    if not user.is_authenticated:
+        return SshKey.objects.none()
+    return SshKey.objects.filter(user_id=user.pk).order_by("name", "pk")
+
+
+def access_ssh_key(*, user: AnyUser, pk: int | str) -> SshKey:
+    """One of the user's own keys; 404 (the same as a missing one) for anyone else's."""
+    try:
+        return ssh_keys_of(user=user).get(pk=pk)
+    except (SshKey.DoesNotExist, ValueError):
+        raise Http404("No such SSH key") from None

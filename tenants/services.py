@@ -1,7 +1,10 @@
-"""Writes to the org tree, quotas, memberships and tokens. Keyword-only, atomic, audited."""
+"""Writes to the org tree, quotas, memberships, tokens and SSH keys. Keyword-only, atomic, audited."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -9,7 +12,7 @@ from datetime import datetime
 
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.utils import timezone
 from django.utils.text import slugify
@@ -22,6 +25,7 @@ from tenants.models import (
     OrgUnit,
     Quota,
     Role,
+    SshKey,
     TokenKind,
     UnitKind,
     hash_token,
@@ -365,3 +369,137 @@ def token_revoke(*, actor: User | None, token: ApiToken) -> None:
 
 def guarantees_sum(*, parent: OrgUnit, gpu_type: str) -> int:
     return Quota.objects.filter(unit__parent=parent, gpu_type=gpu_type).aggregate(s=Sum("guaranteed"))["s"] or 0
+
+
+# --------------------------------------------------------------------------- SSH keys
+
+
+# The public key types a dev session's sshd accepts (docs/dev-sessions.md): OpenSSH's current defaults,
+# hardware-backed (FIDO) keys, and RSA. DSA is gone from OpenSSH; certificates are not taken here.
+SSH_KEY_TYPES = (
+    "ssh-ed25519",
+    "ecdsa-sha2-nistp256",
+    "ecdsa-sha2-nistp384",
+    "ecdsa-sha2-nistp521",
+    "sk-ssh-ed25519@openssh.com",
+    "sk-ecdsa-sha2-nistp256@openssh.com",
+    "ssh-rsa",
+)
+SSH_RSA_MIN_BITS = 2048
+SSH_KEY_MAX_CHARS = 16_384  # a 16384-bit RSA key is under 3000; anything longer is not one key
+_PASTE_THE_PUB = "paste the public key: the one line of the .pub file, e.g. ~/.ssh/id_ed25519.pub"
+
+
+@dataclass(frozen=True)
+class ParsedSshKey:
+    key_type: str
+    public_key: str  # "<type> <base64>", without the comment
+    fingerprint: str  # "SHA256:…" as ssh-keygen -l prints it
+    comment: str
+
+
+def ssh_key_fingerprint(blob: bytes) -> str:
+    """The key's SHA256 fingerprint as `ssh-keygen -l` prints it: unpadded base64 of the blob's digest."""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+def _ssh_strings(blob: bytes) -> list[bytes]:
+    """The blob's length-prefixed strings (RFC 4251): a key is a few of them, the first its type."""
+    out, at = [], 0
+    while at < len(blob):
+        if at + 4 > len(blob):
+            raise ValueError("truncated")
+        size = int.from_bytes(blob[at : at + 4], "big")
+        if at + 4 + size > len(blob):
+            raise ValueError("truncated")
+        out.append(blob[at + 4 : at + 4 + size])
+        at += 4 + size
+    return out
+
+
+def ssh_key_parse(text: str) -> ParsedSshKey:
+    """OpenSSH's one-line public key, "<type> <base64> [comment]", checked; ValidationError on public_key if not.
+
+    The base64 must decode to a key blob whose own type string is the one the line names (a line whose
+    parts were pasted from two keys is refused), an RSA key must have at least 2048 bits, and a private
+    key pasted by mistake is refused with a message saying so (it is never stored, nor echoed)."""
+
+    def refuse(message: str) -> ValidationError:
+        return ValidationError({"public_key": [message]})
+
+    text = (text or "").strip()
+    if not text:
+        raise refuse(f"Give a key: {_PASTE_THE_PUB}")
+    if "PRIVATE KEY" in text or text.startswith("PuTTY-User-Key-File"):
+        raise refuse(
+            "This is a private key, which must never leave your computer (it is not stored): "
+            f"{_PASTE_THE_PUB}, or print it with ssh-keygen -y -f ~/.ssh/id_ed25519"
+        )
+    if text.startswith("---- BEGIN SSH2 PUBLIC KEY"):
+        raise refuse("This is an RFC 4716 (SSH2) public key: convert it to OpenSSH's one line with ssh-keygen -i -f KEYFILE")
+    if len(text) > SSH_KEY_MAX_CHARS:
+        raise refuse(f"At most {SSH_KEY_MAX_CHARS} characters: {_PASTE_THE_PUB}")
+    if "\n" in text or "\r" in text:
+        raise refuse(f"One key at a time, on one line: {_PASTE_THE_PUB}")
+    parts = text.split(None, 2)
+    key_type = parts[0]
+    if key_type not in SSH_KEY_TYPES:
+        if key_type == "ssh-dss":
+            raise refuse("DSA keys are no longer accepted by OpenSSH: make an ed25519 key with ssh-keygen -t ed25519")
+        if "-cert-v01@openssh.com" in key_type:
+            raise refuse("This is an SSH certificate: add the public key itself")
+        raise refuse(
+            f"A key starts with its type, one of {', '.join(SSH_KEY_TYPES)} (no authorized_keys options): {_PASTE_THE_PUB}"
+        )
+    if len(parts) < 2:
+        raise refuse(f"The key's base64 is missing after {key_type}: {_PASTE_THE_PUB}")
+    encoded = parts[1]
+    try:
+        blob = base64.b64decode(encoded, validate=True)
+        strings = _ssh_strings(blob)
+    except (binascii.Error, ValueError):
+        raise refuse(f"The key's base64 does not decode to a key: {_PASTE_THE_PUB}") from None
+    if not strings or strings[0] != key_type.encode():
+        raise refuse(f"The key's data is not an {key_type} key: the line mixes two keys, or was cut; {_PASTE_THE_PUB}")
+    if key_type == "ssh-rsa":
+        bits = int.from_bytes(strings[2], "big").bit_length() if len(strings) >= 3 else 0
+        if bits < SSH_RSA_MIN_BITS:
+            raise refuse(f"An RSA key of {bits} bits is too weak: use {SSH_RSA_MIN_BITS} bits or more, or an ed25519 key")
+    return ParsedSshKey(
+        key_type=key_type,
+        public_key=f"{key_type} {encoded}",
+        fingerprint=ssh_key_fingerprint(blob),
+        comment=parts[2].strip() if len(parts) > 2 else "",
+    )
+
+
+@transaction.atomic
+def ssh_key_add(*, user: User, name: str, public_key: str) -> SshKey:
+    """Add a public key to ``user``'s; their dev sessions let it in from their next heartbeat on.
+
+    ``name`` may be empty: the key's comment names it then (user@host, as ssh-keygen writes it), else its type."""
+    parsed = ssh_key_parse(public_key)
+    name = (name or "").strip() or parsed.comment[:100] or parsed.key_type
+    if len(name) > 100:
+        raise ValidationError({"name": ["At most 100 characters"]})
+    same = SshKey.objects.filter(user=user, fingerprint=parsed.fingerprint).first()
+    if same is not None:
+        raise ValidationError({"public_key": [f"You have added this key already, as “{same.name}” ({parsed.fingerprint})"]})
+    try:
+        with transaction.atomic():
+            key = SshKey.objects.create(
+                user=user, name=name, key_type=parsed.key_type, public_key=parsed.public_key, fingerprint=parsed.fingerprint
+            )
+    except IntegrityError:  # the same key added twice at once: one wins
+        raise ValidationError({"public_key": [f"You have added this key already ({parsed.fingerprint})"]}) from None
+    audit(actor=user, action="ssh_key.add", obj=key, message=f"SSH key {name} ({parsed.key_type} {parsed.fingerprint})")
+    return key
+
+
+@transaction.atomic
+def ssh_key_delete(*, user: User, key: SshKey) -> None:
+    """Remove one of ``user``'s keys: their dev sessions stop letting it in from their next heartbeat."""
+    if key.user_id != user.pk:
+        raise ValidationError("Only its owner can remove an SSH key")
+    audit(actor=user, action="ssh_key.delete", obj=key, message=f"SSH key {key.name} ({key.fingerprint})")
+    key.delete()

@@ -27,7 +27,7 @@ MAX_RETRY_WAIT_S = 30.0
 # The creates the API deduplicates by Idempotency-Key (scheduling/api/submission.py): each submission sends
 # one, the caller's or a fresh one, kept across its retries, so a retry whose first answer was lost
 # (a timeout, a dropped connection) returns the job it made instead of making a second.
-IDEMPOTENT_CREATES = frozenset({"/api/v1/jobs", "/api/v1/notebooks"})
+IDEMPOTENT_CREATES = frozenset({"/api/v1/jobs", "/api/v1/notebooks", "/api/v1/dev-sessions"})
 
 
 class ApiError(Exception):

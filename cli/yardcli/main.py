@@ -4,7 +4,7 @@ Coming from Slurm: `yard submit`/`yard sbatch` ~ sbatch, `yard ls` ~ squeue, `ya
 `yard report` ~ sacct/sreport. Coming from Kubeflow: `yard submit pytorchjob.yaml` ~ kubectl apply -f.
 
 This module is only the root group and its commands' registration; each group lives in yardcli/commands/
-(auth, submit, jobs, notebooks, serve, usage) and what they share in yardcli/commands/common.py.
+(auth, submit, jobs, notebooks, dev, ssh, serve, usage) and what they share in yardcli/commands/common.py.
 """
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ import click
 
 from yardcli import __version__
 from yardcli.client import credentials
-from yardcli.commands import auth, jobs, notebooks, registry, serve, submit, usage
+from yardcli.commands import auth, dev, jobs, notebooks, registry, serve, ssh, submit, usage
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="yard")
 def cli() -> None:
     """Yardmaster from the command line: submit jobs (flags, Yardmaster job files, Kubeflow PyTorchJob/MPIJob
-    manifests, Slurm batch scripts), follow them, run inference services (`yard serve`), and read quotas and usage.
+    manifests, Slurm batch scripts), follow them, run inference services (`yard serve`), work on GPUs over SSH
+    (`yard dev`, `yard ssh`), and read quotas and usage.
 
     Sign in once with `yard login`, or set YARD_URL and YARD_TOKEN (CI)."""
 
@@ -39,6 +40,9 @@ for command in (
     jobs.cancel,
     jobs.rerun,
     notebooks.notebook,
+    dev.dev,
+    ssh.ssh,
+    ssh.ssh_key,
     serve.serve,
     usage.quota,
     usage.report,

@@ -80,7 +80,7 @@ def notebooks(request: HttpRequest) -> HttpResponse:
 
 @dataclass(frozen=True)
 class Activity:
-    """What the idle reaper sees of a running notebook, for the people who may lose it."""
+    """What the idle reaper sees of a running notebook or dev session, for the people who may lose it."""
 
     kernel_busy: bool | None  # from the agent's probe of the Jupyter server; None: not known yet
     idle_min: int  # the run of GPU-idle minutes ending at the last complete minute
@@ -95,7 +95,7 @@ class Activity:
     policy_source: str
 
 
-def _activity(job: Job) -> Activity | None:
+def idle_activity(job: Job) -> Activity | None:
     if job.state != JobState.RUNNING:
         return None
     now = timezone.now()
@@ -120,8 +120,8 @@ def _activity(job: Job) -> Activity | None:
     )
 
 
-def _ended_as(job: Job) -> str:
-    """How a notebook ended, in words: a stopped notebook is not a cancelled batch job."""
+def ended_as(job: Job) -> str:
+    """How a notebook or dev session ended, in words: a stopped one is not a cancelled batch job."""
     if job.state == JobState.CANCELLED:
         return "Stopped (idle)" if job.stop_reason == "IDLE_TIMEOUT" else "Stopped"
     return job.get_state_display()
@@ -140,8 +140,8 @@ def notebook_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "ready": may_open and bool(server_url(job)),
         "can_manage": can_manage_job(user=request.user, job=job),
         "terminal_states": [s.value for s in TERMINAL_STATES],
-        "activity": _activity(job),
-        "state_label": _ended_as(job),
+        "activity": idle_activity(job),
+        "state_label": ended_as(job),
     }
     return render_live(request, "portal/notebook_detail.html", context, terminal=job.is_terminal)
 

@@ -2,7 +2,7 @@
 
 from django.urls import URLPattern, URLResolver, path
 
-from portal.views import cluster, fairshare, jobs, notebooks, quotas, services, tokens
+from portal.views import cluster, dev_sessions, fairshare, jobs, notebooks, quotas, services, ssh_keys, tokens
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("jobs/", jobs.jobs_list, name="jobs"),
@@ -18,6 +18,10 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("notebooks/<int:pk>/lab/", notebooks.notebook_lab_elsewhere),
     path("notebooks/<int:pk>/lab/<path:rest>", notebooks.notebook_lab_elsewhere),
     path("notebooks/<int:pk>/stop/", notebooks.notebook_stop, name="notebook-stop"),
+    # /dev-sessions/<id>/ssh is the SSH tunnel's (portal/dev_proxy.py): the actions on a session are POSTs to its page.
+    path("dev-sessions/", dev_sessions.dev_sessions, name="dev-sessions"),
+    path("dev-sessions/new", dev_sessions.dev_session_new, name="dev-session-new"),
+    path("dev-sessions/<int:pk>/", dev_sessions.dev_session_detail, name="dev-session"),
     # /services/<team>/<name>/… is the service proxy's (portal/service_proxy.py): no page here has a path of
     # that shape, so the actions on a service are POSTs to its page (portal/views/services.py).
     path("services/", services.services_list, name="services"),
@@ -29,6 +33,8 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("cluster/", cluster.cluster, name="cluster"),
     path("cluster/nodes/", cluster.node_maintenance, name="node-maintenance"),
     path("tokens/", tokens.tokens, name="tokens"),
+    path("ssh-keys/", ssh_keys.ssh_keys, name="ssh-keys"),
+    path("ssh-keys/<int:pk>/delete/", ssh_keys.ssh_key_delete_view, name="ssh-key-delete"),
     path("tokens/<int:pk>/revoke/", tokens.token_revoke_view, name="token-revoke"),
     path("quotas/", quotas.quotas, name="quotas"),
     path("fairshare/", fairshare.fairshare_page, name="fairshare"),

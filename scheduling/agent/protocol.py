@@ -282,6 +282,20 @@ SERVICE = Obj(
     nullable=True,
     description="A service replica's state on its node (docs/services.md): probes and in-place restarts.",
 )
+DEV = Obj(
+    {
+        # Where the session's sshd listens (address:port, for the portal's tunnel), its host public key
+        # ("ssh-ed25519 AAAA…"), the SSH connections open now and the newest activity on any of them.
+        "endpoint": Prop(Str(300, nullable=True)),
+        # The account sshd lets in (the owner's under --run-as-owner, else the agent's own: root).
+        "login": Prop(Str(64, nullable=True)),
+        "host_key": Prop(Str(1000, nullable=True)),
+        "connections": Prop(Int(0, 100_000, nullable=True)),
+        "last_activity": Prop(OPT_TIME),
+    },
+    nullable=True,
+    description="A dev session's sshd on its node (docs/dev-sessions.md).",
+)
 TASK_REPORT = Obj(
     {
         "task_id": Prop(Int(1, INT64_MAX), required=True),
@@ -292,6 +306,7 @@ TASK_REPORT = Obj(
         "checkpoint_time": Prop(OPT_TIME),
         "notebook": Prop(NOTEBOOK),
         "service": Prop(SERVICE),
+        "dev": Prop(DEV),
         # The task's real use, measured by its agent (its cgroup, else /proc): null or absent when not measured.
         "cpu_used": Prop(CPU_USED),
         "memory_used_mb": Prop(MEMORY_MB),

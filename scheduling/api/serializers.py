@@ -165,6 +165,36 @@ class NotebookSubmitIn(serializers.Serializer[Any]):
     time_limit_s = serializers.IntegerField(min_value=60, max_value=MAX_TIME_LIMIT_S, required=False, allow_null=True)
 
 
+class DevSessionSubmitIn(serializers.Serializer[Any]):
+    """A dev session (docs/dev-sessions.md): launched as a notebook is; its node runs sshd, not a command."""
+
+    name = serializers.CharField(
+        max_length=200, allow_blank=True, default="", validators=_NO_NUL, help_text="Empty: dev-<your username>"
+    )
+    team = TeamRefField(max_length=100, validators=_NO_NUL, help_text="Team id or slug")
+    tier = serializers.ChoiceField(choices=Tier.choices, default=Tier.RESEARCH)
+    gpus = serializers.IntegerField(min_value=1, max_value=MAX_GPUS_PER_REPLICA, default=1)
+    gpu_type = serializers.CharField(max_length=32, default="H100", validators=_NO_NUL)
+    time_limit_s = serializers.IntegerField(min_value=60, max_value=MAX_TIME_LIMIT_S, required=False, allow_null=True)
+    cpus = serializers.IntegerField(
+        min_value=1, max_value=1024, required=False, allow_null=True, help_text="CPU cores (left out: the default per GPU)"
+    )
+    memory_mb = serializers.IntegerField(
+        min_value=1,
+        max_value=16 * 1024 * 1024,
+        required=False,
+        allow_null=True,
+        help_text="Memory in MiB (left out: the default per GPU)",
+    )
+    image = serializers.CharField(
+        max_length=images.MAX_REF,
+        allow_blank=True,
+        default="",
+        validators=_NO_NUL,
+        help_text="Not yet: a dev session runs on the node's own environment, and an image is refused (400 on image)",
+    )
+
+
 class QueryIn(serializers.Serializer[Any]):
     """Query parameters: one given empty (``?since=``) is an error naming it, not the same as leaving it out.
 
@@ -261,17 +291,34 @@ class EventOut(serializers.ModelSerializer[Any]):
         fields = ["time", "attempt", "from_state", "to_state", "reason", "actor_label"]
 
 
+class DevSshOut(serializers.Serializer[Any]):
+    """How to reach a running dev session's sshd: through the portal's websocket tunnel (``yard ssh <id>``)."""
+
+    user = serializers.CharField(
+        help_text="The account to log in as, as the session's agent reported it: the owner's under --run-as-owner, "
+        "else the agent's own (root for an agent run as root). The owner's username until the agent has said"
+    )
+    host_key = serializers.CharField(
+        allow_blank=True, help_text="The session's SSH host public key, to pin ('' until its sshd reports it)"
+    )
+    proxy_path = serializers.CharField(help_text="The tunnel's path on the portal's ASGI server: /dev-sessions/<id>/ssh")
+    proxy_url = serializers.CharField(help_text="The tunnel's websocket URL (ws:// or wss://); the owner only")
+    connections = serializers.IntegerField(allow_null=True, help_text="SSH connections open now, as its agent last reported")
+    last_activity = serializers.DateTimeField(allow_null=True, help_text="The newest activity on any of them")
+
+
 class JobDetailOut(JobOut):
     tasks = serializers.SerializerMethodField()
     events = EventOut(many=True)
     notebook_url = serializers.SerializerMethodField()
+    ssh = serializers.SerializerMethodField(help_text="A running dev session's SSH access; null for any other job")
 
     class Meta(JobOut.Meta):
         fields = [
             *JobOut.Meta.fields,
             "command", "env", "time_limit_s", "checkpoint_dir", "reservation_domain", "leaves_spanned",
             "stop_requested_at", "stop_reason", "stop_message", "last_checkpoint_at", "tasks", "events", "notebook_url",
-            "container_mounts", "container_workdir",
+            "container_mounts", "container_workdir", "ssh",
         ]  # fmt: skip
 
     def get_tasks(self, job: Job) -> list[dict[str, Any]]:
@@ -296,6 +343,41 @@ class JobDetailOut(JobOut):
         if base:
             return base.rstrip("/") + path
         return request.build_absolute_uri(path) if request is not None else path
+
+    @extend_schema_field(DevSshOut(allow_null=True))
+    def get_ssh(self, job: Job) -> dict[str, Any] | None:
+        """A dev session's SSH access while it runs and its sshd has reported where it listens; else null."""
+        if job.kind != JobKind.DEV or job.state != JobState.RUNNING:
+            return None
+        task = next(
+            (t for t in job.tasks.all() if t.attempt == job.attempt and t.state == TaskState.RUNNING and t.dev_endpoint), None
+        )
+        if task is None:
+            return None
+        return dict(DevSshOut(dev_ssh(job, task)).data)
+
+
+def dev_ssh(job: Job, task: Task) -> dict[str, Any]:
+    """The ``ssh`` object of a running dev session (docs/dev-sessions.md), for the API and the session's page.
+
+    ``user`` is the account sshd lets in, as the agent reports it (Task.dev_login): the owner's where agents run
+    jobs as their owners, else the agent's own. An agent that has not said (an older one) runs sessions as the
+    owner's account only under --run-as-owner; the owner's username is the best guess then, and DevSshOut says so."""
+    path = f"/dev-sessions/{job.pk}/ssh"
+    base = str(getattr(settings, "YARD_NOTEBOOK_URL", "") or "") or str(settings.YARD_NOTIFY["PUBLIC_URL"])
+    base = base.rstrip("/")
+    if base.startswith("https://"):
+        base = "wss://" + base.removeprefix("https://")
+    elif base.startswith("http://"):
+        base = "ws://" + base.removeprefix("http://")
+    return {
+        "user": task.dev_login or job.user.get_username(),
+        "host_key": task.dev_host_key,
+        "proxy_path": path,
+        "proxy_url": base + path,
+        "connections": task.dev_connections,
+        "last_activity": task.dev_last_activity,
+    }
 
 
 class JobLogsOut(serializers.Serializer[Any]):

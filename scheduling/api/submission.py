@@ -46,6 +46,20 @@ def _spec_from(data: dict[str, Any], *, user: Any, kind: str) -> JobSpec:
             time_limit_s=data.get("time_limit_s"),
             image=data.get("image", ""),  # its Jupyter runs in the image (docs/containers.md)
         )
+    if kind == JobKind.DEV:
+        return JobSpec(
+            name=data["name"].strip() or f"dev-{user.get_username()}",
+            team=team,
+            tier=data["tier"],
+            kind=JobKind.DEV,
+            replicas=1,
+            gpus_per_replica=data["gpus"],
+            gpu_type=data["gpu_type"],
+            time_limit_s=data.get("time_limit_s"),
+            cpus_per_replica=data.get("cpus"),
+            memory_mb_per_replica=data.get("memory_mb"),
+            image=data.get("image", ""),  # refused for now (scheduling/services/submit.py), said on its field
+        )
     return JobSpec(
         name=data["name"],
         team=team,

@@ -1,12 +1,12 @@
 """REST API v1, mounted at /api/v1/ (portal/urls.py). Every operation is in the authorization matrix test.
 
-One module per resource: jobs.py, notebooks.py, teams.py (teams and me), registry.py; base.py is what
-they share, submission.py what a submission's body becomes.
+One module per resource: jobs.py, notebooks.py, dev_sessions.py, ssh_keys.py, teams.py (teams and me),
+registry.py; base.py is what they share, submission.py what a submission's body becomes.
 """
 
 from django.urls import URLPattern, URLResolver, path
 
-from scheduling.api import jobs, notebooks, registry, services, teams
+from scheduling.api import dev_sessions, jobs, notebooks, registry, services, ssh_keys, teams
 
 app_name = "api"
 urlpatterns: list[URLPattern | URLResolver] = [
@@ -20,6 +20,12 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("notebooks/<int:pk>", notebooks.NotebookDetailView.as_view(), name="notebook"),
     path("notebooks/<int:pk>/stop", notebooks.NotebookStopView.as_view(), name="notebook-stop"),
     path("notebooks/<int:pk>/logs", notebooks.NotebookLogsView.as_view(), name="notebook-logs"),
+    path("dev-sessions", dev_sessions.DevSessionListCreateView.as_view(), name="dev-sessions"),
+    path("dev-sessions/<int:pk>", dev_sessions.DevSessionDetailView.as_view(), name="dev-session"),
+    path("dev-sessions/<int:pk>/stop", dev_sessions.DevSessionStopView.as_view(), name="dev-session-stop"),
+    path("dev-sessions/<int:pk>/logs", dev_sessions.DevSessionLogsView.as_view(), name="dev-session-logs"),
+    path("ssh-keys", ssh_keys.SshKeyListCreateView.as_view(), name="ssh-keys"),
+    path("ssh-keys/<int:pk>", ssh_keys.SshKeyDetailView.as_view(), name="ssh-key"),
     path("services", services.ServiceListCreateView.as_view(), name="services"),
     path("services/<int:pk>", services.ServiceDetailView.as_view(), name="service"),
     path("services/<int:pk>/scale", services.ServiceScaleView.as_view(), name="service-scale"),

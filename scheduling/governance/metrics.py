@@ -155,6 +155,9 @@ def _job_metrics(now: datetime) -> Iterator[Metric]:
     reaped = CounterMetricFamily("yard_notebooks_reaped", "Notebooks stopped by the idle reaper")
     reaped.add_metric([], Job.objects.filter(kind=JobKind.NOTEBOOK, stop_reason="IDLE_TIMEOUT").count())
     yield reaped
+    reaped_dev = CounterMetricFamily("yard_dev_sessions_reaped", "Dev sessions stopped by the idle reaper")
+    reaped_dev.add_metric([], Job.objects.filter(kind=JobKind.DEV, stop_reason="IDLE_TIMEOUT").count())
+    yield reaped_dev
 
 
 def _cycle_metrics() -> Iterator[Metric]:

@@ -1,4 +1,8 @@
-"""The idle-notebook reaper: ends notebooks whose GPUs sat unused for their policy's timeout.
+"""The idle reaper: ends notebooks and dev sessions whose GPUs sat unused for their policy's timeout.
+
+Dev sessions (docs/dev-sessions.md) are reaped exactly as notebooks: the same policy, warning, extension
+and stop, decided by the same GPU telemetry. Below, "notebook" stands for either; an open SSH connection
+keeps a dev session no more than an open browser tab keeps a notebook.
 
 Idleness comes from the agents' GPU telemetry folded into one-minute windows (GpuWindow), as Run:ai
 measures it — never from browser traffic: a kernel busy on the GPU with no browser open is working,
@@ -68,6 +72,18 @@ def _floor(moment: datetime, size: timedelta) -> datetime:
 
 
 REAPER_LABEL = "idle-reaper"
+# The kinds the reaper stops when their GPUs sit idle, and what its notes call them.
+REAPED_KINDS: dict[str, str] = {JobKind.NOTEBOOK: "notebook", JobKind.DEV: "dev session"}
+# The ends of its stop notes ("idle for 45 min (GPU telemetry): stopping the notebook"), which
+# notifications/derive.py recognises.
+STOP_NOTES = tuple(f"stopping the {noun}" for noun in REAPED_KINDS.values())
+
+
+def reaped_noun(job: Job) -> str:
+    """What the reaper's notes and refusals call the job: "notebook", "dev session" (else "job")."""
+    return REAPED_KINDS.get(job.kind, "job")
+
+
 FLAG_ACTION = "job.idle_batch_flag"
 _DEFAULT = IdlePolicy()  # the model's field defaults: the one place they are written down
 
@@ -265,8 +281,8 @@ def _note(job: Job, reason: str, *, now: datetime, actor: User | None = None) ->
     )  # fmt: skip
 
 
-def _live(kind: str) -> QuerySet[Job]:
-    return Job.objects.filter(kind=kind, state=JobState.RUNNING, stop_requested_at__isnull=True).select_related("team")
+def _live(*kinds: str) -> QuerySet[Job]:
+    return Job.objects.filter(kind__in=kinds, state=JobState.RUNNING, stop_requested_at__isnull=True).select_related("team")
 
 
 def _stop(job: Job, *, idle_s: float, lead_s: float, now: datetime) -> bool:
@@ -281,7 +297,7 @@ def _stop(job: Job, *, idle_s: float, lead_s: float, now: datetime) -> bool:
         locked = live.first()
         if locked is None:
             return False
-        _note(locked, f"idle for {idle_s / 60:.0f} min (GPU telemetry): stopping the notebook", now=now)
+        _note(locked, f"idle for {idle_s / 60:.0f} min (GPU telemetry): stopping the {reaped_noun(locked)}", now=now)
         job_request_stop(job=locked, reason="IDLE_TIMEOUT", actor_label=REAPER_LABEL)
         return True
 
@@ -352,10 +368,10 @@ def _flag_batch(job: Job, *, idle_s: float, now: datetime) -> bool:
 
 
 def reap_idle_notebooks(*, now: datetime) -> ReapReport:
-    """One pass of the reaper at ``now``: warn, stop idle notebooks, flag idle batch jobs."""
+    """One pass of the reaper at ``now``: warn, stop idle notebooks and dev sessions, flag idle batch jobs."""
     book = PolicyBook()
     report = ReapReport()
-    for job in _live(JobKind.NOTEBOOK):
+    for job in _live(*REAPED_KINDS).order_by("pk"):
         _check_notebook(job, book.resolve(team=job.team, tier=job.tier), now, report)
     for job in _live(JobKind.BATCH):
         policy = book.resolve(team=job.team, tier=job.tier)
@@ -380,13 +396,15 @@ class IdleWarning:
 
 
 def idle_warnings_for(user: User, *, now: datetime | None = None) -> list[IdleWarning]:
-    """The user's running notebooks that the reaper has warned about (for the banner on their pages)."""
+    """The user's running notebooks and dev sessions that the reaper has warned about (for the banner on their pages)."""
     if not user.is_authenticated:
         return []
     jobs = list(
         Job.objects.filter(
-            user=user, kind=JobKind.NOTEBOOK, state=JobState.RUNNING, stop_requested_at__isnull=True, idle_warned_at__isnull=False
-        ).select_related("team")
+            user=user, kind__in=REAPED_KINDS, state=JobState.RUNNING, stop_requested_at__isnull=True, idle_warned_at__isnull=False
+        )
+        .select_related("team")
+        .order_by("pk")
     )
     if not jobs:
         return []
@@ -404,12 +422,14 @@ def idle_warnings_for(user: User, *, now: datetime | None = None) -> list[IdleWa
     return warnings
 
 
-def notebook_extend_idle(*, job: Job, user: User, now: datetime) -> Job:
-    """The owner postpones the idle stop once, by the policy's ``extend_s``, if the policy allows it."""
+def job_extend_idle(*, job: Job, user: User, now: datetime) -> Job:
+    """The owner postpones the idle stop of a notebook or dev session once, by the policy's ``extend_s``,
+    if the policy allows it."""
+    noun = reaped_noun(job)
     if job.user_id != user.pk:
-        raise PermissionDenied("Only the notebook's owner can extend its idle timeout")
-    if job.kind != JobKind.NOTEBOOK or job.state != JobState.RUNNING or job.stop_requested_at is not None:
-        raise ValidationError("Only a running notebook that is not being stopped can be extended")
+        raise PermissionDenied(f"Only the {noun}'s owner can extend its idle timeout")
+    if job.kind not in REAPED_KINDS or job.state != JobState.RUNNING or job.stop_requested_at is not None:
+        raise ValidationError(f"Only a running {noun} that is not being stopped can be extended")
     policy = policy_for(team=job.team, tier=job.tier)
     if not policy.allow_extend:
         raise ValidationError(f"The idle policy ({policy.source}) does not allow extensions")
@@ -423,3 +443,6 @@ def notebook_extend_idle(*, job: Job, user: User, now: datetime) -> Job:
         _note(job, f"idle timeout extended by {policy.extend_s / 60:.0f} min by its owner", now=now, actor=user)
         audit(actor=user, action="job.idle_extend", obj=job, unit=job.team, message=f"extended idle timeout of {job.name}")
     return job
+
+
+notebook_extend_idle = job_extend_idle  # its first name, when only notebooks were reaped

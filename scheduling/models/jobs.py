@@ -28,6 +28,7 @@ class JobKind(models.TextChoices):
     BATCH = "batch", "Batch"
     NOTEBOOK = "notebook", "Notebook"
     SERVICE = "service", "Service replica"
+    DEV = "dev", "Dev session"
 
 
 LEAF_LOCALITY_CHOICES = [
@@ -216,6 +217,14 @@ class Task(models.Model):
     service_last_restart_at = models.DateTimeField(null=True, blank=True)
     service_crash_looping = models.BooleanField(default=False)
     service_message = models.CharField(max_length=1000, blank=True)
+    # A dev session's sshd as its agent reports it (docs/dev-sessions.md): where the portal's SSH tunnel
+    # connects (address:port, reachable from the portal only), the per-session host key the CLI pins,
+    # the SSH connections open now and the newest activity on them.
+    dev_endpoint = models.CharField(max_length=300, blank=True)
+    dev_login = models.CharField(max_length=64, blank=True)  # the account sshd lets in
+    dev_host_key = models.CharField(max_length=1000, blank=True)
+    dev_connections = models.PositiveIntegerField(null=True, blank=True)
+    dev_last_activity = models.DateTimeField(null=True, blank=True)
     # What the task's processes really use, as its agent last reported (null: not reported yet): CPU
     # cores busy over the last report interval, resident memory now, and the most resident memory seen.
     cpu_used = models.FloatField(null=True, blank=True)

@@ -125,6 +125,8 @@ def _team_dir(team: OrgUnit) -> PurePosixPath:
 
 
 NEVER_RUNS = "This job can never run"
+# The kinds a person launches as one replica on one node, and what they are called in messages.
+ONE_REPLICA_KINDS: dict[str, str] = {JobKind.NOTEBOOK: "notebook", JobKind.DEV: "dev session"}
 
 
 def _validate_spec(*, user: User, spec: JobSpec, capacity: Capacity | None = None, service_made: bool = False) -> None:
@@ -144,8 +146,11 @@ def _validate_spec(*, user: User, spec: JobSpec, capacity: Capacity | None = Non
         errors["kind"].append(f"Kind is one of {', '.join(JobKind.values)}")
     if not 1 <= spec.replicas <= MAX_REPLICAS:
         errors["replicas"].append(f"Between 1 and {MAX_REPLICAS}")
-    if spec.kind == JobKind.NOTEBOOK and spec.replicas != 1:
-        errors["replicas"].append("A notebook runs as one replica")
+    if spec.kind in ONE_REPLICA_KINDS and spec.replicas != 1:
+        errors["replicas"].append(f"A {ONE_REPLICA_KINDS[spec.kind]} runs as one replica")
+    if spec.kind == JobKind.DEV and spec.command.strip():
+        # Its agent runs the session's sshd (docs/dev-sessions.md): a command would never run.
+        errors["command"].append("A dev session runs no command: its node runs an SSH server you log in to")
     if spec.kind == JobKind.SERVICE and not service_made:
         errors["kind"].append("A service's replicas are made by its service: create a service (POST /api/v1/services/)")
     if not 1 <= spec.gpus_per_replica <= MAX_GPUS_PER_REPLICA:
@@ -206,7 +211,14 @@ def registry_allow() -> tuple[str, ...]:
 
 def _validate_container(spec: JobSpec, errors: dict[str, list[str]]) -> None:
     """The image against the deployment's allow-list (YARD_REGISTRY_ALLOW), its mounts and working directory."""
-    if spec.image:
+    if spec.image and spec.kind == JobKind.DEV:
+        # The agent runs the session's sshd on the node itself; one inside an image is not built yet
+        # (docs/dev-sessions.md, "What a dev session is not yet").
+        errors["image"].append(
+            "A dev session runs on the node's own environment for now: leave the image out (use a notebook or a batch job "
+            "to work in a container image)"
+        )
+    elif spec.image:
         try:
             images.check_image(spec.image, allow=registry_allow())
         except images.ImageError as exc:

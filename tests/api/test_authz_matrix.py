@@ -21,13 +21,16 @@ from scheduling.models import (
     TaskLogChunk,
 )
 from scheduling.states import JobState
-from tenants.models import ApiToken, AuditEntry, Membership, OrgUnit, Quota
+from tenants.models import ApiToken, AuditEntry, Membership, OrgUnit, Quota, SshKey
+from tenants.services import ssh_key_add
 from tests.api.conftest import session_client, token_client
 from tests.factories import make_cluster, make_job
 
 pytestmark = pytest.mark.django_db
 
 UNKNOWN = 987654321
+# A real public key (ssh-keygen -t ed25519), tenant B's.
+ED25519 = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJeydCn38sbRTRwmOmdrcmDOENk2ojY+o9EBHo+Chbsn bea@laptop"
 
 
 @dataclass
@@ -39,6 +42,8 @@ class Target:
     credential: int = UNKNOWN
     service: int = UNKNOWN
     service_token: int = UNKNOWN
+    dev_session: int = UNKNOWN
+    ssh_key: int = UNKNOWN
 
 
 @dataclass
@@ -64,6 +69,12 @@ MATRIX: dict[str, Callable[[Target], Call]] = {
     "GET /api/v1/notebooks/{id}": lambda t: Call("get", f"/api/v1/notebooks/{t.notebook}"),
     "POST /api/v1/notebooks/{id}/stop": lambda t: Call("post", f"/api/v1/notebooks/{t.notebook}/stop"),
     "GET /api/v1/notebooks/{id}/logs": lambda t: Call("get", f"/api/v1/notebooks/{t.notebook}/logs", {"offset": 0}),
+    "GET /api/v1/dev-sessions": lambda t: Call("get", "/api/v1/dev-sessions", {"team": t.team_slug}),
+    "POST /api/v1/dev-sessions": lambda t: Call("post", "/api/v1/dev-sessions", {"name": "dev", "team": t.team_slug}),
+    "GET /api/v1/dev-sessions/{id}": lambda t: Call("get", f"/api/v1/dev-sessions/{t.dev_session}"),
+    "POST /api/v1/dev-sessions/{id}/stop": lambda t: Call("post", f"/api/v1/dev-sessions/{t.dev_session}/stop"),
+    "GET /api/v1/dev-sessions/{id}/logs": lambda t: Call("get", f"/api/v1/dev-sessions/{t.dev_session}/logs", {"tail": 5}),
+    "DELETE /api/v1/ssh-keys/{id}": lambda t: Call("delete", f"/api/v1/ssh-keys/{t.ssh_key}"),
     "GET /api/v1/teams/{id}/quota": lambda t: Call("get", f"/api/v1/teams/{t.team}/quota"),
     "GET /api/v1/reports/usage": lambda t: Call("get", "/api/v1/reports/usage", {"unit": t.team}),
     "GET /api/v1/fairshare": lambda t: Call("get", "/api/v1/fairshare", {"team": t.team_slug}),
@@ -91,8 +102,9 @@ MATRIX: dict[str, Callable[[Target], Call]] = {
         "delete", f"/api/v1/services/{t.service}/tokens/{t.service_token}"
     ),
 }
-# Operations with no tenant object to aim at: they only ever answer about the caller.
-NO_TENANT_OBJECT = {"GET /api/v1/me"}
+# Operations with no tenant object to aim at: they only ever answer about the caller (their own SSH keys:
+# listing and adding one's own; tests/tenants/test_ssh_keys.py holds that no one else's is listed).
+NO_TENANT_OBJECT = {"GET /api/v1/me", "GET /api/v1/ssh-keys", "POST /api/v1/ssh-keys"}
 
 
 def _api_operations() -> set[str]:
@@ -127,6 +139,7 @@ def _fingerprint() -> tuple[Any, ...]:
         sorted(RegistryCredential.objects.values_list("id", "username", "password_sealed")),
         sorted(Service.objects.values_list("id", "state", "replicas", "revision")),
         sorted(ServiceToken.objects.values_list("id", "revoked_at")),
+        sorted(SshKey.objects.values_list("id", "user_id", "fingerprint")),
     )
 
 
@@ -140,6 +153,9 @@ def tenant_b(cast):
     credential = RegistryCredential.objects.create(unit=cast.org.team_c, registry="nvcr.io", username="b", password_sealed="x")
     service = Service.objects.create(name="svc-b", team=cast.org.team_c, user=cast.bea, gpu_type="H100")
     token = ServiceToken.objects.create(service=service, name="b", prefix="ysvc_x", token_hash="0" * 64)
+    dev = make_job(team=cast.org.team_c, user=cast.bea, kind=JobKind.DEV, state=JobState.RUNNING, started_at=timezone.now())
+    Task.objects.create(job=dev, attempt=1, rank=0, node=node, state="RUNNING", dev_endpoint="10.0.0.9:20001")
+    key = ssh_key_add(user=cast.bea, name="bea", public_key=ED25519)
     return Target(
         job=job.pk,
         notebook=notebook.pk,
@@ -148,6 +164,8 @@ def tenant_b(cast):
         credential=credential.pk,
         service=service.pk,
         service_token=token.pk,
+        dev_session=dev.pk,
+        ssh_key=key.pk,
     )
 
 

@@ -51,6 +51,9 @@ DOMAIN_FIELDS |= {"image", "container_mounts", "container_workdir"}
 # has an entry point, and a replica's shape against the cluster's nodes and the team's quota.
 DOMAIN_FIELDS |= {"name", "command", "replicas", "max_replicas", "nodes_per_replica", "gpus_per_node"}
 DOMAIN_FIELDS |= {"cpus_per_node", "memory_mb_per_node", "revision"}
+# An SSH public key: its base64 must decode to a key of the type it names, not one the caller has already
+# (tenants/services.py, ssh_key_parse).
+DOMAIN_FIELDS |= {"public_key"}
 
 
 def positive_data_acceptance_within_the_domain(ctx: Any, response: Any, case: Any) -> bool | None:

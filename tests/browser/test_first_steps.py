@@ -13,7 +13,18 @@ from tests.factories import make_job
 
 pytestmark = [pytest.mark.browser]
 
-PAGES = ["/", "/jobs/", "/jobs/new/", "/notebooks/", "/cluster/", "/quotas/", "/fairshare/", "/reports/", "/tokens/"]
+PAGES = [
+    "/",
+    "/jobs/",
+    "/jobs/new/",
+    "/notebooks/",
+    "/dev-sessions/",
+    "/dev-sessions/new",
+    "/cluster/",
+    "/quotas/",
+    "/fairshare/",
+]
+PAGES += ["/reports/", "/tokens/", "/ssh-keys/"]
 
 
 @pytest.fixture

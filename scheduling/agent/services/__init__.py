@@ -24,6 +24,7 @@ from scheduling.agent.services.registration import node_register
 from scheduling.agent.services.reports import (
     SKEW_CORRECTED_S,
     SKEW_SHOWN_S,
+    DevReport,
     GpuInfo,
     GpuSample,
     GpuWindowReport,
@@ -49,6 +50,7 @@ __all__ = [
     "SKEW_CORRECTED_S",
     "SKEW_SHOWN_S",
     "XID_MEANING",
+    "DevReport",
     "GpuInfo",
     "GpuSample",
     "GpuWindowReport",

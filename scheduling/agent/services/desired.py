@@ -74,6 +74,8 @@ def task_spec(task: Task, nodes: Sequence[tuple[str, str]] | None = None) -> dic
     }
     if job.kind == JobKind.SERVICE and job.service_id is not None:
         spec["service"] = _service_spec(job)
+    if job.kind == JobKind.DEV:
+        spec["dev"] = _dev_spec(job)
     if job.image:  # a host job's spec has no "container" entry, as before images existed
         spec["container"] = _container_spec(job, launching=task.state == TaskState.ASSIGNED and not stopping)
     return spec
@@ -112,4 +114,19 @@ def _service_spec(job: Job) -> dict[str, object]:
         "success_threshold": service.success_threshold,
         "initial_delay_s": service.initial_delay_s,
         "backoff_max_s": SERVICE_BACKOFF_MAX_S,
+    }
+
+
+def _dev_spec(job: Job) -> dict[str, object]:
+    """A dev session's sshd for its agent (docs/dev-sessions.md): the owner's public keys (only theirs get
+    in), and what the deployment allows beyond a shell. Its port is the entry's master_port (free at the
+    node's address, as a job's MASTER_PORT is)."""
+    from tenants.models import SshKey
+
+    keys = list(SshKey.objects.filter(user_id=job.user_id).order_by("pk").values_list("public_key", flat=True))
+    return {
+        "authorized_keys": keys,
+        "allow_agent_forwarding": bool(settings.YARD.get("DEV_ALLOW_AGENT_FORWARDING", False)),
+        "allow_tcp_forwarding": bool(settings.YARD.get("DEV_ALLOW_TCP_FORWARDING", False)),
+        "allow_x11_forwarding": bool(settings.YARD.get("DEV_ALLOW_X11_FORWARDING", False)),
     }

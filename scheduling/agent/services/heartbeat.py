@@ -19,6 +19,7 @@ from scheduling import services as scheduling_services
 from scheduling.agent.services.desired import gang_nodes, task_spec
 from scheduling.agent.services.reports import (
     SKEW_CORRECTED_S,
+    DevReport,
     GpuWindowReport,
     Heartbeat,
     HeartbeatResult,
@@ -176,6 +177,25 @@ def _store_service_facts(task: Task, report: ServiceReport) -> bool:
     return True
 
 
+DEV_FIELDS = ("dev_endpoint", "dev_login", "dev_host_key", "dev_connections", "dev_last_activity")
+
+
+def _store_dev_facts(task: Task, report: DevReport) -> bool:
+    """A dev session's sshd facts from its agent's report; True if any changed."""
+    facts = (
+        (report.endpoint or task.dev_endpoint)[:300],
+        (report.login or task.dev_login)[:64],
+        (report.host_key or task.dev_host_key)[:1000],
+        report.connections,
+        epoch(report.last_activity) or task.dev_last_activity,
+    )
+    if facts == tuple(getattr(task, name) for name in DEV_FIELDS):
+        return False
+    for name, value in zip(DEV_FIELDS, facts, strict=True):
+        setattr(task, name, value)
+    return True
+
+
 def _store_task_facts(*, live: Sequence[Task], reports: Sequence[TaskReport]) -> None:
     """Checkpoint times, notebook activity and real use from the agent's view of its live tasks."""
     by_key = {r.key: r for r in reports}
@@ -200,6 +220,8 @@ def _store_task_facts(*, live: Sequence[Task], reports: Sequence[TaskReport]) ->
             if facts != (task.notebook_url, task.notebook_kernel_busy, task.notebook_last_activity):
                 task.notebook_url, task.notebook_kernel_busy, task.notebook_last_activity = facts
                 changed = True
+        if report.dev is not None and _store_dev_facts(task, report.dev):
+            changed = True
         if report.service is not None and _store_service_facts(task, report.service):
             changed = True
             service_changes.add(task.job.service_id)
@@ -211,10 +233,8 @@ def _store_task_facts(*, live: Sequence[Task], reports: Sequence[TaskReport]) ->
         if changed:
             tasks.append(task)
     if tasks:
-        Task.objects.bulk_update(
-            tasks,
-            ["checkpoint_at", "notebook_url", "notebook_kernel_busy", "notebook_last_activity", *SERVICE_FIELDS, *USE_FIELDS],
-        )
+        notebook_fields = ["checkpoint_at", "notebook_url", "notebook_kernel_busy", "notebook_last_activity"]
+        Task.objects.bulk_update(tasks, [*notebook_fields, *SERVICE_FIELDS, *DEV_FIELDS, *USE_FIELDS])
     if service_changes - {None}:
         # A replica became ready, stopped answering or restarted: the controller acts now, not at its tick.
         serving_request(service_ids=sorted(i for i in service_changes if i is not None))
@@ -366,6 +386,7 @@ _TASK_FIELDS = (
     "job__state", "job__user_id", "job__user__id", "job__user__username",
     "job__team_id", "job__image", "job__container_mounts", "job__container_workdir",
     "service_url", "service_ready", "service_restarts", "service_last_restart_at", "service_crash_looping", "service_message",
+    "dev_endpoint", "dev_login", "dev_host_key", "dev_connections", "dev_last_activity",
     "job__service_id", "job__service_revision", "job__service__id", "job__service__port", "job__service__readiness_path",
     "job__service__liveness_path", "job__service__probe_period_s", "job__service__probe_timeout_s",
     "job__service__failure_threshold", "job__service__success_threshold", "job__service__initial_delay_s",

@@ -87,6 +87,17 @@ class ServiceReport:
 
 
 @dataclass(frozen=True)
+class DevReport:
+    """A dev session's sshd on its node: where it listens, its host key, its connections."""
+
+    endpoint: str | None = None
+    login: str | None = None
+    host_key: str | None = None
+    connections: int | None = None
+    last_activity: float | None = None
+
+
+@dataclass(frozen=True)
 class GpuWindowReport:
     """One GPU's minute, folded by the agent: what GpuWindow stores, sent once the minute is over."""
 
@@ -106,6 +117,7 @@ class TaskReport:
     checkpoint_time: float | None = None
     notebook: NotebookReport | None = None
     service: ServiceReport | None = None
+    dev: DevReport | None = None
     pid: int | None = None
     started_at: float | None = None
     # Real use as the agent measured it; None: not measured this time (the stored value stays).
@@ -190,6 +202,9 @@ def heartbeat_from(data: dict[str, Any], *, received: float | None = None) -> He
                 else None,
                 service=ServiceReport(**{**t["service"], "last_restart_at": _shift(t["service"]["last_restart_at"], offset)})
                 if t.get("service")
+                else None,
+                dev=DevReport(**{**t["dev"], "last_activity": _shift(t["dev"]["last_activity"], offset)})
+                if t.get("dev")
                 else None,
             )
             for t in data["tasks"]
