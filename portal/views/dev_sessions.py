@@ -15,7 +15,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
@@ -154,3 +154,17 @@ def dev_session_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "has_keys": ssh_keys_of(user=request.user).exists() if is_owner else True,
     }
     return render_live(request, "portal/dev_session_detail.html", context, terminal=job.is_terminal)
+
+
+def dev_session_tunnel_elsewhere(request: HttpRequest, pk: int) -> HttpResponse:
+    """/dev-sessions/<id>/ssh reached the WSGI web tier: the SSH tunnel is the ASGI server's (portal/dev_proxy.py).
+    Say what to route; `yard ssh` reads the tunnel's URL from the API, which names the ASGI server."""
+    return JsonResponse(
+        {
+            "code": "proxy_not_routed",
+            "message": "The SSH tunnel is served by the portal's ASGI server (uvicorn portal.asgi:application), and this "
+            "request reached the web server instead: route /dev-sessions/<id>/ssh (websockets) to it in the reverse "
+            'proxy, or set YARD_NOTEBOOK_URL to where it listens. See the README, "Dev sessions: SSH and VS Code".',
+        },
+        status=502,
+    )

@@ -22,6 +22,7 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("dev-sessions/", dev_sessions.dev_sessions, name="dev-sessions"),
     path("dev-sessions/new", dev_sessions.dev_session_new, name="dev-session-new"),
     path("dev-sessions/<int:pk>/", dev_sessions.dev_session_detail, name="dev-session"),
+    path("dev-sessions/<int:pk>/ssh", dev_sessions.dev_session_tunnel_elsewhere),
     # /services/<team>/<name>/… is the service proxy's (portal/service_proxy.py): no page here has a path of
     # that shape, so the actions on a service are POSTs to its page (portal/views/services.py).
     path("services/", services.services_list, name="services"),

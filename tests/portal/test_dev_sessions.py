@@ -331,3 +331,8 @@ def test_a_dev_session_in_the_jobs_list_links_to_its_page(client, cast):
     job = _running_session(cast)
     client.force_login(cast.ann)
     assert f'href="{reverse("dev-session", args=[job.pk])}"' in client.get(reverse("jobs")).content.decode()
+
+
+def test_the_tunnel_path_reaching_the_web_tier_says_what_to_route(client):
+    answer = client.get("/dev-sessions/42/ssh")
+    assert answer.status_code == 502 and answer.json()["code"] == "proxy_not_routed"
