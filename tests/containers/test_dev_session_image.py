@@ -5,16 +5,19 @@ inside the container (a file only the image has), is counted as a connection, an
 
 from __future__ import annotations
 
+import pwd
+import shutil
 import subprocess
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.oci import SSHD_IMAGE_MARK, build_sshd_image
+from bench.oci import SSHD_IMAGE_MARK, Registry, build_sshd_image
 from nodeagent import devsession, launcher
-from tests.containers.conftest import Registry, container_spec, needs_containers, runc_ids
+from tests.containers.conftest import container_spec, needs_containers, runc_ids
 from tests.nodeagent.conftest import RunningAgent
 from tests.nodeagent.fakeportal import FakePortal
 from tests.nodeagent.test_dev_session import (
@@ -121,3 +124,46 @@ def test_an_image_without_sshd_ends_the_session_saying_what_it_needs(
     status = portal.wait_for(lambda: portal.statuses_of(2, "exited"), timeout=60, what="task 2 exited")[-1]
     assert status["exit_code"] == 127
     assert devsession.NO_SSHD_IN_IMAGE in log_of(portal, 2), log_of(portal, 2)
+
+
+@pytest.fixture
+def state_dir() -> Iterator[Path]:
+    """A state directory task owners can reach (pytest's temporary folders are mode 0700)."""
+    path = Path(tempfile.mkdtemp(prefix="yard-ct-dev-owner-"))
+    path.chmod(0o711)
+    yield path / "agent"
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_run_as_owner_the_owner_logs_in_where_the_image_has_the_account_and_is_refused_clearly_where_not(
+    portal: FakePortal, start_ct_agent: StartAgent, registry: Registry, sshd_image: str, state_dir: Path, tmp_path: Path
+) -> None:
+    reference = registry.ref("sshd-nobody")
+    build_sshd_image(tmp_path / "image", reference, accounts=("nobody",))
+    key, public = keypair(tmp_path, "owner")
+    running = start_ct_agent(run_as_owner=True, state_dir=state_dir)
+    # The first image has no account "nobody": the session ends saying so.
+    portal.set_desired("node-t1", [dev_in_image(3, sshd_image, port=launcher.free_port("127.0.0.1"), keys=[], user="nobody")])
+    status = portal.wait_for(lambda: portal.statuses_of(3, "exited"), timeout=60, what="task 3 exited")[-1]
+    assert status["exit_code"] == 1 and "this image has no account nobody in its /etc/passwd" in log_of(portal, 3)
+
+    port = launcher.free_port("127.0.0.1")
+    portal.set_desired("node-t1", [dev_in_image(4, reference, port=port, keys=[public], user="nobody")])
+    dev = wait_dev(portal, 4, lambda d: d["host_key"] is not None, "the owner's session reported")
+    assert dev["login"] == "nobody"
+    pinned = known_hosts(tmp_path, dev)
+    argv = ["ssh", *ssh_options(key, pinned), "-p", str(port), "nobody@127.0.0.1", f"cat {SSHD_IMAGE_MARK}; id -u"]
+
+    def logged_in() -> subprocess.CompletedProcess[str] | None:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        return done if done.returncode == 0 else None
+
+    try:
+        done = portal.wait_for(logged_in, timeout=60, what="the owner's login through the image's sshd")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n--- task log:\n{log_of(portal, 4)[-3000:]}") from exc
+    assert "the yard test's sshd image" in done.stdout and done.stdout.split()[-1] == str(pwd.getpwnam("nobody").pw_uid)
+    assert ssh(key, pinned, port, "true").returncode == 255  # root stays out (PermitRootLogin no)
+    portal.set_desired("node-t1", [dev_in_image(4, reference, port=port, keys=[], user="nobody", action="stop")])
+    portal.wait_for(lambda: portal.statuses_of(4, "exited"), timeout=60, what="task 4 exited")
+    portal.wait_for(lambda: not runc_ids(running.agent.state_dir), timeout=30, what="no container left")
