@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import os
+import pwd
 import re
 import shutil
 import socket
@@ -302,3 +303,41 @@ def build_python_image(work: Path, reference: str, *, cache: Path | None = None)
         except OSError:  # another run cached it meanwhile
             shutil.rmtree(partial, ignore_errors=True)
     shutil.rmtree(work / "bundle", ignore_errors=True)  # ~200 MB unpacked
+
+
+# -- an image with OpenSSH's sshd, for dev sessions in an image ------------------------------------------
+SSHD_IMAGE_MARK = "/etc/yard-sshd-image"  # in the image only: a login that reads it runs in the container
+
+
+def fill_sshd(rootfs: Path, accounts: tuple[str, ...] = ()) -> None:
+    """The host's OpenSSH server (/usr/sbin/sshd, copied) and the shared libraries it loads, /etc/passwd and
+    /etc/group with root and sshd's privilege separation account ``sshd``, and busybox's grep and sed (the
+    agent's command for a session in an image looks the login account up and reads ``sshd -t``), and
+    ``accounts`` (this host's, by name: uid, gid and home as here, /bin/sh their shell). No /run/sshd: the
+    agent's command makes the folder sshd asks for, as on a node whose unit never ran."""
+    sshd = Path("/usr/sbin/sshd")
+    _copy_file(sshd, rootfs)
+    for library in _shared_libraries([sshd]):
+        _copy_file(library, rootfs)
+    for applet in ("grep", "sed"):
+        link = rootfs / "bin" / applet
+        if not link.exists():
+            link.symlink_to("busybox")
+    etc = rootfs / "etc"
+    etc.mkdir(exist_ok=True)
+    lines = ["root:x:0:0:root:/root:/bin/sh", "sshd:x:100:65534::/run/sshd:/bin/false"]
+    for name in accounts:
+        account = pwd.getpwnam(name)
+        lines.append(f"{name}:x:{account.pw_uid}:{account.pw_gid}::{account.pw_dir}:/bin/sh")
+    (etc / "passwd").write_text("\n".join(lines) + "\n")
+    (etc / "group").write_text("root:x:0:\nnogroup:x:65534:\n")
+    (rootfs / "root").mkdir(mode=0o700, exist_ok=True)
+    (rootfs / "var" / "empty").mkdir(parents=True, exist_ok=True)
+    (rootfs / SSHD_IMAGE_MARK.lstrip("/")).write_text("the yard test's sshd image\n")
+
+
+def build_sshd_image(work: Path, reference: str, *, accounts: tuple[str, ...] = ()) -> None:
+    """A busybox image with the host's sshd (fill_sshd), built with umoci and pushed with skopeo: what a dev
+    session in an image needs (docs/dev-sessions.md)."""
+    build_image(work, reference, env={}, cmd=["/bin/sh"], fill=lambda rootfs: fill_sshd(rootfs, accounts), path="/usr/sbin:/bin")
+    shutil.rmtree(work / "bundle", ignore_errors=True)

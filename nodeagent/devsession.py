@@ -41,10 +41,7 @@ from nodeagent.protocol import DEV_CONNECTIONS_MAX, DEV_ENDPOINT_MAX, DEV_HOST_K
 
 NO_SSHD = "this node has no OpenSSH server (apt-get install openssh-server)"
 NO_KEYGEN = "this node has no ssh-keygen (apt-get install openssh-client)"
-IN_IMAGE = (
-    "dev sessions in images are not supported yet: submit the dev session without an image "
-    "(it runs on the node, with the node's tools)"
-)
+NO_SSHD_IN_IMAGE = "a dev session's image needs OpenSSH's sshd (openssh-server)"
 SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 KEYGEN_TIMEOUT_S = 30.0
 # A public key line ("<type> <base64> [comment]") longer than this is no key (RSA 16384 is ~2.8 KB).
@@ -246,11 +243,16 @@ def prepare(
     env: Mapping[str, str],
     account: pwd.struct_passwd | None,
     log: logging.LoggerAdapter[Any] | logging.Logger,
+    image: bool = False,
 ) -> tuple[DevInfo, str]:
     """Make the session's folder (host key, authorized_keys, sshd_config) and return its journaled state
-    and the task's command. Raises DevError (the node cannot) or OSError (its disk)."""
-    sshd = find_sshd()
-    if sshd is None:
+    and the task's command. Raises DevError (the node cannot) or OSError (its disk).
+
+    ``image``: the session runs in a container of its image (docs/dev-sessions.md, "In an image"): the
+    command runs the image's sshd there, not the node's, and the login account is root (the container's
+    uid 0) or the owner's where the agent runs tasks as their owners."""
+    sshd = None if image else find_sshd()
+    if sshd is None and not image:
         raise DevError(NO_SSHD)
     keygen = shutil.which("ssh-keygen")
     if keygen is None:
@@ -260,6 +262,8 @@ def prepare(
         raise DevError(f"the portal gave this dev session no port to listen on (master_port {spec.get('master_port')!r})")
     if account is not None:
         login = account.pw_name
+    elif image:
+        login = "root"  # the container runs as its uid 0 when the agent does not run tasks as their owners
     else:
         try:
             login = pwd.getpwuid(os.geteuid()).pw_name
@@ -298,14 +302,47 @@ def prepare(
         login=login,
     )
     write_keys(info, clean_keys(spec))
-    _check(sshd, config)
+    if sshd is not None:
+        _check(sshd, config)
     if account is not None:
         info.owner = [account.pw_uid, account.pw_gid]
         for path in folder.iterdir():
             os.chown(path, account.pw_uid, account.pw_gid, follow_symlinks=False)
         os.chown(folder, account.pw_uid, account.pw_gid)
+    if sshd is None:
+        return info, image_command(config, login)
     # exec: sshd replaces the shell, so it is the process that gets the signals.
     return info, "exec " + shlex.join([sshd, "-D", "-e", "-f", str(config)])
+
+
+def image_command(config: Path, login: str) -> str:
+    """The container's shell command for a session in an image: the image's sshd (on its PATH, else where
+    Debian and source builds put it) checked with ``sshd -t`` (the privilege separation folder it names made
+    where it is missing, as the host's _check does; Debian's /run/sshd made first), then exec'd in the
+    foreground.
+    The agent cannot look inside the image before it runs, so the search is the container's shell's; what
+    the image lacks is said in the task's log (exit 127: no sshd; 1: no login account, a refused config)."""
+    cfg, who = shlex.quote(str(config)), shlex.quote(login)
+    no_sshd = shlex.quote(f"yard-agent: this image has no sshd on its PATH nor in /usr/sbin: {NO_SSHD_IN_IMAGE}")
+    no_login = shlex.quote(
+        f"yard-agent: this image has no account {login} in its /etc/passwd: sshd cannot log anyone in as it "
+        "(add the account to the image, or run the session without an image)"
+    )
+    refused = shlex.quote("yard-agent: the image's sshd refuses the session's configuration:")
+    return (
+        "S=$(command -v sshd 2>/dev/null); "
+        'for p in /usr/sbin/sshd /usr/local/sbin/sshd; do [ -n "$S" ] && break; [ -x "$p" ] && S=$p; done; '
+        f'[ -n "$S" ] || {{ echo {no_sshd} >&2; exit 127; }}; '
+        f"{{ getent passwd {who} || grep -q ^{who}: /etc/passwd; }} >/dev/null 2>&1 || {{ echo {no_login} >&2; exit 1; }}; "
+        # Debian's and Ubuntu's sshd, run as root, wants /run/sshd, which images rarely hold (their Dockerfiles
+        # make it) and which `sshd -t` does not ask for: made where it can be (the container's own layer).
+        "mkdir -p -m 0755 /run/sshd 2>/dev/null; "
+        f'if ! T=$("$S" -t -f {cfg} 2>&1); then '
+        "D=$(printf '%s\\n' \"$T\" | sed -n 's/.*Missing privilege separation directory: \\(\\/[^ ]*\\).*/\\1/p'); "
+        f'if [ -n "$D" ] && mkdir -p -m 0755 "$D" 2>/dev/null; then :; else echo {refused} "$T" >&2; exit 1; fi; '
+        "fi; "
+        f'exec "$S" -D -e -f {cfg}'
+    )
 
 
 # -- the running session: its report, and its sessions' end ------------------------------------------------
@@ -332,6 +369,29 @@ def _descendants(root: int, children: Mapping[int, list[int]]) -> set[int]:
     return seen
 
 
+def _comm(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as handle:
+            return handle.read().decode(errors="replace").strip()
+    except OSError:
+        return None
+
+
+def _listener(wrapper: int, children: Mapping[int, list[int]]) -> int | None:
+    """sshd's listening process: the first ``sshd`` below the task's wrapper, breadth first. On the node it
+    is the wrapper's child; in an image it is further down (runc, the container's init and shell), in the
+    container's pid namespace but seen by its host pid here. Its children are the connections."""
+    level = list(children.get(wrapper, ()))
+    for _ in range(8):
+        for pid in level:
+            if _comm(pid) == "sshd":
+                return pid
+        level = [child for pid in level for child in children.get(pid, ())]
+        if not level:
+            break
+    return None
+
+
 class DevSessions:
     """What the agent sees of its dev tasks' sshd: the SSH connections, and the processes of each session
     (remembered, so that they end with the task even once the listener that was their parent is gone)."""
@@ -350,7 +410,8 @@ class DevSessions:
             started = launcher.start_ticks(pid)
             if started is not None:  # else gone already, and its pid free for another process
                 known.add((pid, started))
-        return sum(len(children.get(listener, ())) for listener in children.get(wrapper, ()))
+        listener = _listener(wrapper, children)
+        return len(children.get(listener, ())) if listener is not None else 0
 
     def report(
         self, key: tuple[int, int], info: DevInfo, *, pid: int | None, ticks: int | None, running: bool, now: float

@@ -304,9 +304,6 @@ class Workloads:
                 # Jupyter's runtime files (kernel connection files) per task, whatever the owner's home.
                 env["JUPYTER_RUNTIME_DIR"] = str(record.run_dir / ".jupyter-runtime")
             if record.kind == "dev":
-                if container:
-                    self.launch_failed(record, devsession.IN_IMAGE)
-                    return
                 try:
                     # The logins get the task's own variables, not the agent's environment.
                     record.dev, command = devsession.prepare(
@@ -316,7 +313,12 @@ class Workloads:
                         env=self.task_env(spec, record, account, base={}),
                         account=account,
                         log=node.log,
+                        image=container is not None,
                     )
+                    if container is not None:
+                        # The image's sshd on the host's network, its folder (host key, keys, config) at its host path.
+                        folder = {"source": record.dev.dir, "target": record.dev.dir, "readonly": False}
+                        container = {**container, "mounts": [*(container.get("mounts") or []), folder]}
                 except (devsession.DevError, subprocess.SubprocessError) as exc:
                     self.launch_failed(record, str(exc))
                     return

@@ -226,7 +226,7 @@ class NotebookForm(_TeamAndGpuTypeForm):
 
 
 class DevSessionForm(_TeamAndGpuTypeForm):
-    """A dev session (docs/dev-sessions.md): GPUs on one node, an SSH server, no command and no image (yet)."""
+    """A dev session (docs/dev-sessions.md): GPUs on one node, an SSH server, no command; an image if wanted."""
 
     team = forms.ModelChoiceField(queryset=OrgUnit.objects.none(), empty_label=None)
     gpu_type = forms.ChoiceField(label="GPU type")
@@ -235,6 +235,15 @@ class DevSessionForm(_TeamAndGpuTypeForm):
     time_limit_h = forms.FloatField(
         min_value=1 / 60, max_value=24 * 14, required=False, label="Time limit (hours)", help_text="Empty: the cluster default"
     )
+    image = forms.CharField(
+        max_length=images.MAX_REF,
+        required=False,
+        label="Image",
+        help_text="A container image with OpenSSH's sshd (openssh-server) to work in. Empty: the node's own environment",
+    )
+
+    def clean_image(self) -> str:
+        return clean_image_ref(self.cleaned_data.get("image"))
 
 
 class SshKeyForm(forms.Form):

@@ -83,6 +83,7 @@ def dev_session_new(request: HttpRequest) -> HttpResponse:
             gpus_per_replica=data["gpus"],
             gpu_type=data["gpu_type"],
             time_limit_s=round(hours * 3600) if hours else None,
+            image=data.get("image") or "",
         )
         try:
             job = job_submit(user=user, spec=spec)

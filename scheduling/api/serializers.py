@@ -191,7 +191,8 @@ class DevSessionSubmitIn(serializers.Serializer[Any]):
         allow_blank=True,
         default="",
         validators=_NO_NUL,
-        help_text="Not yet: a dev session runs on the node's own environment, and an image is refused (400 on image)",
+        help_text="A container image to run the session's SSH server in (it needs OpenSSH's sshd, openssh-server); "
+        "empty: the node's own environment",
     )
 
 

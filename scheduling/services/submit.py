@@ -211,14 +211,7 @@ def registry_allow() -> tuple[str, ...]:
 
 def _validate_container(spec: JobSpec, errors: dict[str, list[str]]) -> None:
     """The image against the deployment's allow-list (YARD_REGISTRY_ALLOW), its mounts and working directory."""
-    if spec.image and spec.kind == JobKind.DEV:
-        # The agent runs the session's sshd on the node itself; one inside an image is not built yet
-        # (docs/dev-sessions.md, "What a dev session is not yet").
-        errors["image"].append(
-            "A dev session runs on the node's own environment for now: leave the image out (use a notebook or a batch job "
-            "to work in a container image)"
-        )
-    elif spec.image:
+    if spec.image:
         try:
             images.check_image(spec.image, allow=registry_allow())
         except images.ImageError as exc:

@@ -273,12 +273,32 @@ def test_each_session_has_a_host_key_of_its_own(portal: FakePortal, start_agent:
     assert keys[0] != keys[1]
 
 
-def test_a_dev_session_in_an_image_is_refused_with_the_reason(portal: FakePortal, start_agent: StartAgent) -> None:
-    start_agent()
+def test_a_dev_session_in_an_image_is_prepared_and_goes_to_the_container_runtime(
+    portal: FakePortal, start_agent: StartAgent
+) -> None:
+    """No longer refused: its sshd folder is made as on the node, and the task goes where any task in an image
+    goes (here a node told to run no containers says so). The real run: tests/containers/test_dev_session_image.py."""
+    agent = start_agent(container_runtime="none")
     container = {"image": "docker.io/library/python:3.12", "mounts": [], "workdir": None, "auth": None}
     portal.set_desired("node-t1", [dev_spec(1, port=launcher.free_port("127.0.0.1"), keys=[], container=container)])
     assert exited(portal, 1)["exit_code"] is None
-    portal.wait_for(lambda: "dev sessions in images are not supported yet" in portal.log_text(1), what="the reason in the log")
+    portal.wait_for(lambda: "this node cannot run containers" in portal.log_text(1), what="the runtime's reason in the log")
+    assert "not supported" not in portal.log_text(1)
+    configs = list(Path(agent.agent.state_dir).glob("tasks/*/sshd/sshd_config"))
+    assert configs and 'AllowUsers "root"' in configs[0].read_text()
+
+
+def test_an_image_without_sshd_or_login_says_what_it_needs(tmp_path: Path) -> None:
+    """The container's command, run by a plain shell in a folder standing in for the image's root."""
+    config = tmp_path / "sshd_config"
+    config.write_text("")
+    command = devsession.image_command(config, "no-such-login-here")
+    bare = {"PATH": str(tmp_path)}  # no sshd on it (the host's /usr/sbin one is found: the login check follows)
+    done = subprocess.run(["/bin/sh", "-c", command], env=bare, capture_output=True, text=True, timeout=30)
+    if done.returncode == 127:
+        assert devsession.NO_SSHD_IN_IMAGE in done.stderr
+    else:
+        assert done.returncode == 1 and "has no account no-such-login-here" in done.stderr
 
 
 def test_a_port_taken_meanwhile_ends_the_session_with_sshds_reason_in_its_log(

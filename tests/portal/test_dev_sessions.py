@@ -14,8 +14,9 @@ from rest_framework.test import APIClient
 
 from notifications.derive import from_job_event
 from notifications.kinds import Kind
+from scheduling.cycle import run_cycle_once
 from scheduling.governance.reaper import REAPER_LABEL, idle_warnings_for, last_complete_window, reap_idle_notebooks
-from scheduling.models import Gpu, Job, JobEvent, JobKind, Task
+from scheduling.models import Gpu, Job, JobEvent, JobKind, Node, Task
 from scheduling.services import JobSpec, job_submit
 from scheduling.states import JobState, TaskState
 from tenants.services import quota_set, ssh_key_add, token_create_personal
@@ -68,13 +69,30 @@ def test_a_dev_session_is_one_replica_and_runs_no_command(cast):
     assert "runs no command" in errors["command"][0]
 
 
-def test_an_image_is_refused_for_now_on_its_field(cast):
-    response = _api(cast.ann).post(
-        "/api/v1/dev-sessions", {"team": cast.org.team_a.slug, "image": "nvcr.io/nvidia/pytorch:24.05-py3"}, format="json"
-    )
-    assert response.status_code == 400
-    assert list(response.json()["fields"]) == ["image"] and "node's own environment" in response.json()["fields"]["image"][0]
+def test_an_image_is_accepted_and_stored_normalised(cast):
+    response = _api(cast.ann).post("/api/v1/dev-sessions", {"team": cast.org.team_a.slug, "image": "ubuntu:24.04"}, format="json")
+    assert response.status_code == 201, response.content
+    job = Job.objects.get()
+    assert (job.kind, job.image) == (JobKind.DEV, "docker.io/library/ubuntu:24.04")
+
+
+def test_an_image_off_the_registry_allow_list_is_refused_on_its_field(cast, settings):
+    settings.YARD = {**settings.YARD, "REGISTRY_ALLOW": ("nvcr.io",)}
+    response = _api(cast.ann).post("/api/v1/dev-sessions", {"team": cast.org.team_a.slug, "image": "ubuntu:24.04"}, format="json")
+    assert response.status_code == 400 and list(response.json()["fields"]) == ["image"], response.content
     assert not Job.objects.exists()
+
+
+def test_a_session_in_an_image_waits_for_a_node_with_a_container_runtime_as_any_image_job(cast):
+    job = job_submit(user=cast.ann, spec=JobSpec(name="d", team=cast.org.team_a, kind=JobKind.DEV, image="ubuntu:24.04"))
+    run_cycle_once()
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING and job.pending_reason.startswith("needs nodes that run containers"), job.pending_reason
+    node = _node()
+    Node.objects.filter(pk=node.pk).update(container_runtime="runc", container_runtime_note="container runtime: runc")
+    run_cycle_once()
+    job.refresh_from_db()
+    assert job.state == JobState.STARTING and Task.objects.get(job=job).node_id == node.pk
 
 
 # --------------------------------------------------------------------------- the API
@@ -187,6 +205,16 @@ def test_launch_through_the_form_and_find_it_in_the_list(client, cast):
     assert (job.kind, job.time_limit_s, job.name) == (JobKind.DEV, 7200, "dev-ann")
     listing = client.get(reverse("dev-sessions")).content.decode()
     assert f'href="{reverse("dev-session", args=[job.pk])}"' in listing
+
+
+def test_the_form_takes_an_image(client, cast):
+    client.force_login(cast.ann)
+    assert 'name="image"' in client.get(reverse("dev-session-new")).content.decode()
+    data = {"team": cast.org.team_a.pk, "gpu_type": "H100", "gpus": 1, "tier": 2, "image": "ubuntu:24.04"}
+    assert client.post(reverse("dev-session-new"), data).status_code == 302
+    assert Job.objects.get().image == "docker.io/library/ubuntu:24.04"
+    bad = client.post(reverse("dev-session-new"), {**data, "image": "Not An Image!"})
+    assert bad.status_code == 400 and Job.objects.count() == 1
 
 
 def test_a_refusal_is_said_on_the_form(client, cast):
