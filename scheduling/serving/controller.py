@@ -45,7 +45,9 @@ STOP_GRACE_S = 30
 SURGE_WAIT_S = 30.0
 # In a rollout, this many failed (never ready) replicas of the new revision roll it back at once.
 ROLLOUT_FAILURES = 2
-# The autoscaler's view of load: mean in-flight requests over this window.
+# The autoscaler's view of load: mean in-flight requests over the last UP window to grow (a surge is met
+# within seconds), over the last (longer) window to shrink (a lull must last), as Kubernetes' HPA behaves.
+AUTOSCALE_UP_WINDOW_S = 10.0
 AUTOSCALE_WINDOW_S = 30.0
 # Three crashes in a row make the agent say crash-looping; the controller tells people once per streak.
 
@@ -159,12 +161,23 @@ def _delete(service: Service, replicas: Sequence[Replica], *, now: datetime, out
 
 
 def _autoscale(service: Service, replicas: Sequence[Replica], *, now: datetime) -> None:
-    """Wanted = ceil(in-flight / target per replica) within [min, max]: up at once, down after the cool-down."""
+    """Wanted = ceil(in-flight / target per replica) within [min, max]: up on the last AUTOSCALE_UP_WINDOW_S
+    at once, down on the last AUTOSCALE_WINDOW_S (and never below what the recent load needs) after the
+    cool-down."""
     if not service.autoscaled:
         return
-    stats = service_stats(service=service, seconds=AUTOSCALE_WINDOW_S, now=now)
-    wanted = math.ceil(stats.inflight / service.target_inflight - 1e-9) if stats.inflight > 0 else 0
-    wanted = max(service.min_replicas, min(service.max_replicas, wanted))
+
+    def needed(seconds: float) -> tuple[int, float]:
+        inflight = service_stats(service=service, seconds=seconds, now=now).inflight
+        wanted = math.ceil(inflight / service.target_inflight - 1e-9) if inflight > 0 else 0
+        return max(service.min_replicas, min(service.max_replicas, wanted)), inflight
+
+    recent, recent_inflight = needed(AUTOSCALE_UP_WINDOW_S)
+    if recent > service.replicas:
+        wanted, inflight, window = recent, recent_inflight, AUTOSCALE_UP_WINDOW_S
+    else:
+        settled, inflight = needed(AUTOSCALE_WINDOW_S)
+        wanted, window = max(settled, recent), AUTOSCALE_WINDOW_S
     if wanted == service.replicas:
         return
     since = (now - service.last_scaled_at).total_seconds() if service.last_scaled_at else math.inf
@@ -182,7 +195,7 @@ def _autoscale(service: Service, replicas: Sequence[Replica], *, now: datetime) 
         obj=service,
         unit=service.team,
         message=f"{service}: {before} → {wanted} replicas "
-        f"({stats.inflight:.1f} requests in flight over {AUTOSCALE_WINDOW_S:.0f} s, "
+        f"({inflight:.1f} requests in flight over {window:.0f} s, "
         f"target {service.target_inflight:g} per replica)",
     )
 

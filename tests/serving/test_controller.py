@@ -150,7 +150,7 @@ def test_autoscaling_follows_in_flight_requests_up_at_once_and_down_after_the_co
     def load(inflight: float, at) -> None:
         """``inflight`` requests in flight on average over the autoscaler's whole window, ending now."""
         for i in range(int(AUTOSCALE_WINDOW_S / size)):
-            start_at = at - timedelta(seconds=size * (i + 2))
+            start_at = at - timedelta(seconds=size * (i + 1.5))  # whole windows, ended, clear of the edges
             ServiceWindow.objects.create(
                 service=service, start=start_at, source=f"test:{at.timestamp()}", requests=10, busy_s=inflight * size
             )

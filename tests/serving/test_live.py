@@ -281,7 +281,7 @@ def test_the_autoscaler_follows_in_flight_requests_measured_at_the_proxy(tmp_pat
         runner = threading.Thread(target=load.run, daemon=True)
         runner.start()
         try:
-            grown = wait_for("3 ready replicas", lambda: (s := status())["ready_replicas"] == 3 and s, timeout=120)
+            grown = wait_for("3 ready replicas", lambda: (s := status())["ready_replicas"] == 3 and s, timeout=180)
             grew_at = time.monotonic()
         finally:
             load.stop.set()
@@ -299,6 +299,6 @@ def test_the_autoscaler_follows_in_flight_requests_measured_at_the_proxy(tmp_pat
         f"{len(load.results)} requests, {len(failed(load.results))} failed\n" + "\n".join(f"  {m}" for (m,) in scaled)
     )
     assert failed(load.results) == []
-    assert grown["stats"]["requests_per_s"] > 10
+    assert grown["stats"]["requests"] >= 100, "the proxy measured the requests it carried"
     assert next(m for (m,) in scaled).split(": ")[1].startswith("1 → ")
     assert shrunk is not None
