@@ -154,7 +154,7 @@ XDIST_GROUPS = {
     "tests/faults/": "faults",
     "tests/containers/": "containers",
     "tests/serving/test_live.py": "services-live",
-    "tests/devsessions/test_live.py": "services-live",
+    "tests/devsessions/test_live.py": "devsessions-live",
 }
 
 
