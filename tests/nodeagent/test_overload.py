@@ -161,8 +161,13 @@ def test_the_watchdog_keeps_the_kill_an_agent_that_died_mid_stop_had_due(tmp_pat
 
     state = tmp_path / "node-w"
     state.mkdir()
-    proc = subprocess.Popen(["sh", "-c", "trap '' TERM; exec sleep 120"], start_new_session=True)
+    proc = subprocess.Popen(
+        ["sh", "-c", "trap '' TERM; echo ready; exec sleep 120"], start_new_session=True, stdout=subprocess.PIPE
+    )
     try:
+        # Only once the shell has set its trap (on a loaded machine the SIGTERM below could come first);
+        # sleep keeps the ignored SIGTERM across the exec.
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
         now = time.time()
         record = TaskRecord(
             task_id=40, attempt=1, job_id=40, kind="batch", launch_id="l-40", workdir=str(tmp_path), checkpoint_dir=str(tmp_path),
