@@ -206,20 +206,21 @@ def test_a_service_stays_up_through_a_crash_a_rollout_and_scaling_at_50_requests
                 rows = [r for r in status()["replica_list"] if r["job"] == replica["job"]]
                 return bool(rows and rows[0]["restarts"] >= 1 and rows[0]["ready"])
 
-            wait_for("the killed replica restarted in place and ready", restarted, timeout=60)
+            wait_for("the killed replica restarted in place and ready", restarted, timeout=120)
             time.sleep(2)
             crash_end = time.monotonic()
             # (b) a new version, rolled out replica by replica.
             api(stack, "POST", f"/api/v1/services/{sid}/rollout", {"env": {"MODEL_VERSION": "2", "PID_DIR": str(pids)}})
-            wait_for("the rollout complete", lambda: status()["rollout"]["state"] == "complete", timeout=180)
+            # Generous: a quiet machine takes about 15 s, one running the whole suite has taken 144 s.
+            wait_for("the rollout complete", lambda: status()["rollout"]["state"] == "complete", timeout=360)
             time.sleep(3)  # drained replicas are stopped after their drain
             rollout_end = time.monotonic()
             # (c) 2 -> 3 -> 1.
             api(stack, "POST", f"/api/v1/services/{sid}/scale", {"replicas": 3})
-            wait_for("3 ready replicas", lambda: status()["ready_replicas"] == 3, timeout=120)
+            wait_for("3 ready replicas", lambda: status()["ready_replicas"] == 3, timeout=240)
             time.sleep(2)
             api(stack, "POST", f"/api/v1/services/{sid}/scale", {"replicas": 1})
-            wait_for("1 replica left", lambda: len(status()["replica_list"]) == 1, timeout=120)
+            wait_for("1 replica left", lambda: len(status()["replica_list"]) == 1, timeout=240)
             time.sleep(2)
             end = time.monotonic()
         finally:
