@@ -16,15 +16,14 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.stack import Stack
+from tests.livestack import free_port_block, wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -50,31 +49,6 @@ for name in ("dana", "eve"):
     user = make_user(name, unit=team)
     print(name, token_create_personal(user=user, name="laptop", expires_at=None).raw)
 """
-
-
-def free_block(size: int = 20) -> str:
-    for low in range(45000 + os.getpid() % 100 * size, 60000, size):
-        probes = [socket.socket() for _ in range(size)]
-        try:
-            for probe, port in zip(probes, range(low, low + size), strict=True):
-                probe.bind(("0.0.0.0", port))
-        except OSError:
-            continue
-        finally:
-            for probe in probes:
-                probe.close()
-        return f"{low}-{low + size - 1}"
-    raise AssertionError("no free block of ports")
-
-
-def wait_for(what: str, check: Callable[[], Any], *, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 class Person:
@@ -120,7 +94,7 @@ class Person:
 
 
 def test_a_dev_session_over_real_ssh_through_the_portal_then_reaped_when_its_gpus_idle(tmp_path: Path) -> None:
-    env = {**ENV, "YARD_RENDEZVOUS_PORTS": free_block()}
+    env = {**ENV, "YARD_RENDEZVOUS_PORTS": free_port_block(20, first=45000)}
     with Stack(nodes=1, fleets=1, nodes_file="2xH100", extra_env=env, asgi=True) as stack:
         tokens = dict(line.split() for line in stack.django(PEOPLE).strip().splitlines()[-2:])
         stack.wait_ready(timeout=120)

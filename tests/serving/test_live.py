@@ -14,13 +14,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +27,7 @@ from typing import Any
 import pytest
 
 from bench.stack import Stack
+from tests.livestack import free_port_block, wait_for
 
 pytestmark = [pytest.mark.slow]
 
@@ -79,21 +78,6 @@ server.serve_forever()
 """
 
 
-def free_block(size: int = 40) -> str:
-    for low in range(41000 + os.getpid() % 100 * 40, 60000, size):
-        probes = [socket.socket() for _ in range(size)]
-        try:
-            for probe, port in zip(probes, range(low, low + size), strict=True):
-                probe.bind(("0.0.0.0", port))
-        except OSError:
-            continue
-        finally:
-            for probe in probes:
-                probe.close()
-        return f"{low}-{low + size - 1}"
-    raise AssertionError("no free block of ports")
-
-
 @dataclass
 class Load:
     """RATE requests a second to ``url`` from a pool of threads; every outcome kept with its times."""
@@ -136,16 +120,6 @@ def failed(rows: list[tuple[float, float, int, str]]) -> list[tuple[float, float
     return [r for r in rows if r[2] != 200]
 
 
-def wait_for(what: str, check: Callable[[], Any], *, timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
 def api(stack: Stack, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
     request = urllib.request.Request(
         stack.url + path,
@@ -162,7 +136,7 @@ def test_a_service_stays_up_through_a_crash_a_rollout_and_scaling_at_50_requests
     script.write_text(MODEL)
     pids = tmp_path / "pids"
     pids.mkdir()
-    env = {**ENV, "YARD_RENDEZVOUS_PORTS": free_block()}
+    env = {**ENV, "YARD_RENDEZVOUS_PORTS": free_port_block(40, first=41000)}
     with Stack(nodes=3, fleets=1, nodes_file="2xH100", extra_env=env, asgi=True) as stack:
         stack.wait_ready(timeout=120)
         service = api(
@@ -262,7 +236,7 @@ def test_the_autoscaler_follows_in_flight_requests_measured_at_the_proxy(tmp_pat
     script = tmp_path / "model.py"
     script.write_text(MODEL)
     (tmp_path / "pids").mkdir()
-    env = {**ENV, "YARD_RENDEZVOUS_PORTS": free_block()}
+    env = {**ENV, "YARD_RENDEZVOUS_PORTS": free_port_block(40, first=41000)}
     with Stack(nodes=2, fleets=1, nodes_file="2xH100", extra_env=env, asgi=True) as stack:
         stack.wait_ready(timeout=120)
         body = {
