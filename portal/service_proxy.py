@@ -77,6 +77,7 @@ ROUTES_TTL_S = 1.0  # a drained replica leaves the rotation within about this
 # portal's trouble and must not take every service down with it (DESIGN.md: slower, never killing).
 ROUTES_STALE_MAX_S = 30.0
 AUTH_CACHE_S = 3.0
+_RESENDABLE = frozenset({"GET", "HEAD", "OPTIONS"})  # idempotent and bodiless: safe to send to another replica
 DOWN_FOR_S = 3.0  # a replica that refused a connection is left out of this process's rotation this long
 CONNECT_TIMEOUT_S = 3.0
 READ_TIMEOUT_S = 300.0  # a long completion may take minutes before its first byte
@@ -364,6 +365,19 @@ class ServiceProxy:
                     log.warning("service proxy: %s %s: %s", scope["method"], url, exc)
                     await _json(send, 504, "The replica did not answer in time.")
                     return 504, route.job_id
+                except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+                    # The connection broke before any answer: typically a kept-alive connection to a replica
+                    # that was killed since. A request that may be sent twice (GET, HEAD, OPTIONS, with no
+                    # body sent) goes to another replica, as nginx's proxy_next_upstream does; others get a 502.
+                    if scope["method"] not in _RESENDABLE or caller.body_started:
+                        log.warning("service proxy: %s %s: %s", scope["method"], url, exc)
+                        await _json(send, 502, "The replica broke off the request.")
+                        return 502, route.job_id
+                    log.warning("service proxy: replica %s (job %s) broke off: %s; trying another", route.url, route.job_id, exc)
+                    if len(self._down) > _CACHE_MAX:
+                        self._down.clear()
+                    self._down[route.url] = time.monotonic() + DOWN_FOR_S
+                    continue
                 except httpx.HTTPError as exc:
                     log.warning("service proxy: %s %s: %s", scope["method"], url, exc)
                     await _json(send, 502, "The replica broke off the request.")
