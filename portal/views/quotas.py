@@ -254,7 +254,8 @@ def quota_edit(request: HttpRequest, unit_id: int, gpu_type: str) -> HttpRespons
             cell.form = _quota_form(cell.quota)
         # A refused edit still answers 200 so htmx swaps the message in next to the field.
         response = render(request, "portal/quotas.html#quota-cell", {"cell": cell})
-        response["HX-Trigger"] = "quota-history"
+        if cell.saved:  # a refused edit writes no history
+            response["HX-Trigger"] = "quota-history"
         return response
     if cell.saved:
         messages.success(request, f"{unit.name} {gpu_type} quota saved")
