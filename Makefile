@@ -41,9 +41,13 @@ lint: venv
 	$(VENV)/bin/lint-imports --no-cache
 	SECRET_KEY=lint $(PY) manage.py makemigrations --check --dry-run
 
-## Benchmarks: they print their figures; nothing here asserts a time.
+## Benchmarks: they print their figures; nothing here asserts a time. Each runs over BENCH_BASE's code and
+## this checkout's in one sitting and the ratios are printed (bench/compare.py); BENCH_BASE= runs this one only,
+## BENCH_ARGS="--quick heartbeat" a smaller, chosen set.
+BENCH_BASE ?= b9ece15
 bench: venv
-	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+	@bash scripts/services.sh
+	$(PY) bench/compare.py --base "$(BENCH_BASE)" $(BENCH_ARGS)
 
 ## Trace replay of the Philly month: tables and plots under docs/eval/.
 eval: venv

@@ -28,7 +28,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.benchlib import CODE
+
+# Where the portal, the worker and the agents run from: the measured checkout (bench/benchlib.py).
+ROOT = CODE
 PY = sys.executable
 MARK = "YARD_BENCH_RUN"
 PG = os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
