@@ -5,9 +5,10 @@
 A throwaway PostgreSQL database, 500 READY 8-GPU nodes and 4,000 pending jobs; then one real cycle
 (scheduling.cycle.run_cycle_once: lease, snapshot, plan, apply) in this process. It prints where the
 time went; the apply phase is what the scale issue bounds (≤ 5 s for 4,000 placements, each gang
-all or nothing, under the allocation and port constraints, fenced by the lease's epoch). For the
-baseline, the same plan is written again gang by gang, as the cycle wrote it before (one fenced
-transaction of ~8 statements per gang), on a fresh copy of the state.
+all or nothing, under the allocation and port constraints, fenced by the lease's epoch).
+
+There is no "as before" run in here: the earlier code's figure is this same bench over that code
+(`bench/compare.py --base <commit> apply_bulk`, which sets BENCH_CODE), in the same sitting.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.benchlib import result, use_code
+
+use_code()
 PG = os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
 
 
@@ -58,12 +61,10 @@ def main() -> None:
 def run(jobs: int, nodes: int) -> None:
     from django.core.cache import cache
     from django.core.management import call_command
-    from django.utils import timezone
 
-    from scheduling import cycle, cycle_lease
-    from scheduling.core.plan import plan
+    from scheduling import cycle
     from scheduling.models import Job
-    from scheduling.selectors import invariant_violations, snapshot_build
+    from scheduling.selectors import invariant_violations
     from tests.factories import make_shared_cluster
 
     call_command("migrate", verbosity=0)
@@ -73,36 +74,16 @@ def run(jobs: int, nodes: int) -> None:
         Job(name="one", team=team, user=user, gpu_type="H100", command="sleep 1", checkpoint_dir=f"/ckpt/{i}")
         for i in range(jobs)
     )
-    result = cycle.run_cycle_once()
-    print(f"{nodes} nodes x 8 GPUs, {jobs} pending one-GPU jobs; one cycle placed {len(result.placed)} "
-          f"(conflicts {len(result.conflicts)}) in {result.seconds:.2f} s: snapshot {result.snapshot_seconds:.2f} s, "
-          f"plan {result.plan_seconds:.2f} s, apply {result.apply_seconds:.2f} s "
-          f"({len(result.placed) / result.apply_seconds:.0f} placements/s written)")  # fmt: skip
+    done = cycle.run_cycle_once()
+    print(f"{nodes} nodes x 8 GPUs, {jobs} pending one-GPU jobs; one cycle placed {len(done.placed)} "
+          f"(conflicts {len(done.conflicts)}) in {done.seconds:.2f} s: snapshot {done.snapshot_seconds:.2f} s, "
+          f"plan {done.plan_seconds:.2f} s, apply {done.apply_seconds:.2f} s "
+          f"({len(done.placed) / done.apply_seconds:.0f} placements/s written)")  # fmt: skip
     assert invariant_violations() == [], invariant_violations()
-
-    # Baseline: the same kind of plan written gang by gang (as before: one transaction per gang).
-    Job.objects.all().delete()
-    from scheduling.models import Allocation, Task
-
-    Allocation.objects.all().delete()
-    Task.objects.all().delete()
-    Job.objects.bulk_create(
-        Job(name="one", team=team, user=user, gpu_type="H100", command="sleep 1", checkpoint_dir=f"/ckpt/{i}")
-        for i in range(jobs)
-    )
-    now = timezone.now()
-    snapshot = snapshot_build(now=now)
-    plan_ = plan(snapshot, now=now.timestamp())
-    lease = cycle_lease.lease_claim()
-    assert lease is not None
-    os.environ[cycle.APPLY_PAUSE_ENV] = "0.000001"  # the test hook writes one gang per transaction
-    began = time.monotonic()
-    one_by_one = cycle.apply_plan(lease=lease, snapshot=snapshot, plan_=plan_, now=now)
-    seconds = time.monotonic() - began
-    del os.environ[cycle.APPLY_PAUSE_ENV]
-    cycle_lease.lease_release(lease)
-    print(f"baseline, one transaction per gang: {len(one_by_one.placed)} placed in {seconds:.2f} s "
-          f"({len(one_by_one.placed) / seconds:.0f} placements/s); bulk is {seconds / result.apply_seconds:.1f}x faster")  # fmt: skip
+    over = f"one run_cycle_once in-process on PostgreSQL, {jobs} one-GPU jobs onto {nodes} nodes"
+    result("apply.placements_per_s", len(done.placed) / done.apply_seconds, "/s", better="higher", over=over)
+    result("apply.apply_s", done.apply_seconds, "s", over=over)
+    result("apply.cycle_s", done.seconds, "s", over=over + " (wall)")
 
 
 if __name__ == "__main__":

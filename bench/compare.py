@@ -2,6 +2,7 @@
 
     python bench/compare.py --base b9ece15              # all benches (make bench)
     python bench/compare.py --base b9ece15 heartbeat core_plan --quick
+    python bench/compare.py --base b9ece15 --repeat 3 apply_bulk   # base, head, base, head, ...: medians
     python bench/compare.py --base ''                   # this checkout only
 
 The base commit's tree is `git archive`d into a temporary directory and each bench script of this
@@ -14,6 +15,7 @@ A figure the base cannot produce (a feature it lacks) is printed as n/a. Nothing
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,6 +69,17 @@ def run(bench: str, args: list[str], code: Path | None) -> tuple[int, str, float
     return done.returncode, done.stdout + done.stderr, time.monotonic() - started
 
 
+def median(values: list[float | None] | None) -> float | None:
+    """The median of a figure's rounds; None where any round could not produce it."""
+    if not values or any(v is None for v in values):
+        return None
+    return statistics.median(v for v in values if v is not None)
+
+
+def fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.4g}"
+
+
 def ratio(base: float | None, head: float | None, better: str) -> str:
     if base is None or head is None or base == 0 or head == 0:
         return "n/a"
@@ -79,6 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base", default="", help="the commit to compare against ('' for none)")
     parser.add_argument("--quick", action="store_true", help="the smaller sizes (minutes, not tens of minutes)")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds of base and head, alternating; the table shows medians")
     parser.add_argument("--verbose", action="store_true", help="each run's whole output")
     parser.add_argument("benches", nargs="*", help=f"a subset of: {', '.join(BENCHES)}")
     opts = parser.parse_args()
@@ -108,33 +122,31 @@ def main() -> None:
             args = quick if opts.quick else full
             print(f"== bench/{bench}.py {' '.join(args)}", flush=True)
             figures: dict[str, dict] = {}
-            for side, code in (("base", base_code), ("head", None)):
-                if side == "base" and code is None:
-                    continue
-                rc, out, took = run(bench, args, code)
-                lines = out.splitlines()
-                shown = lines if opts.verbose or rc != 0 else [line for line in lines if not line.startswith("RESULT ")][-25:]
-                print(f"-- {side}: rc {rc}, {took:.0f} s")
-                for line in shown:
-                    print(f"   {line}")
-                if rc != 0:
-                    failed.append(f"{bench} ({side})")
-                for figure in results(out):
-                    figures.setdefault(
-                        figure["name"], {"unit": figure["unit"], "better": figure["better"], "over": figure["over"]}
-                    )[side] = figure["value"]
+            # Base and head alternate, so a load that comes and goes moves both alike.
+            for round_ in range(opts.repeat):
+                for side, code in (("base", base_code), ("head", None)):
+                    if side == "base" and code is None:
+                        continue
+                    rc, out, took = run(bench, args, code)
+                    lines = out.splitlines()
+                    last = round_ == opts.repeat - 1
+                    if opts.verbose or rc != 0:
+                        shown = lines
+                    else:
+                        shown = [line for line in lines if not line.startswith("RESULT ")][-25:] if last else []
+                    print(f"-- {side}{f' (round {round_ + 1})' if opts.repeat > 1 else ''}: rc {rc}, {took:.0f} s")
+                    for line in shown:
+                        print(f"   {line}")
+                    if rc != 0:
+                        failed.append(f"{bench} ({side})")
+                    for figure in results(out):
+                        entry = figures.setdefault(
+                            figure["name"], {"unit": figure["unit"], "better": figure["better"], "over": figure["over"]}
+                        )
+                        entry.setdefault(side, []).append(figure["value"])
             for name, f in figures.items():
-                fmt = lambda v: "n/a" if v is None else f"{v:,.4g}"  # noqa: E731
-                rows.append(
-                    (
-                        name,
-                        f["unit"],
-                        fmt(f.get("base")),
-                        fmt(f.get("head")),
-                        ratio(f.get("base"), f.get("head"), f["better"]),
-                        f["over"],
-                    )
-                )
+                base, head_ = median(f.get("base")), median(f.get("head"))
+                rows.append((name, f["unit"], fmt(base), fmt(head_), ratio(base, head_, f["better"]), f["over"]))
     print()
     print(f"{'figure':44} {'unit':8} {'base':>10} {'head':>10} {'better by':>9}  over")
     for name, unit, b, h, r, over in rows:

@@ -33,11 +33,13 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 from urllib.parse import urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.benchlib import result
 from bench.stack import Stack, pct
 
 COMMAND = "exec sleep 3600"
@@ -121,6 +123,13 @@ def _agent_calls(stack: Stack) -> int:
     return sum(c.get("ok", 0) + c.get("blind", 0) + c.get("refused", 0) for c in stack.fleet_stats()["calls"].values())
 
 
+def since(before: list[float], after: list[float]) -> list[float]:
+    """The latencies added between two readings of the fleets' stats. Each reading is every agent's own
+    list one after the other, each list only ever growing, so the new ones are the multiset difference
+    (a slice at the earlier length would cut whole agents' lists, not the earlier beats)."""
+    return list((Counter(after) - Counter(before)).elements())
+
+
 def count(stack: Stack, state: str) -> int:
     return int(stack.sql("SELECT count(*) FROM scheduling_job WHERE state = %s", (state,))[0][0])
 
@@ -151,7 +160,7 @@ def run(args: argparse.Namespace) -> None:
         ready_s = stack.wait_ready()
         print(f"stack: gunicorn 2x4, Celery worker (2) + beat, PostgreSQL, Redis; {args.nodes} agents in {args.fleets} "
               f"fleet processes, all {args.nodes} nodes READY {ready_s:.0f} s after start")  # fmt: skip
-        hb_before = len(stack.fleet_stats()["calls"].get("heartbeat", {}).get("latencies_s", []))
+        hb_before = stack.fleet_stats()["calls"].get("heartbeat", {}).get("latencies_s", [])
         calls_before = _agent_calls(stack)
 
         # -- phase 1: fill
@@ -169,6 +178,12 @@ def run(args: argparse.Namespace) -> None:
             + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(cpu_fill.items()))
             + f" (of {2 * seconds:.0f} core-seconds on 2 cores); web {1000 * cpu_fill.get('web', 0) / args.jobs:.1f} ms per job"
         )
+        over = f"REST (gunicorn 2x4) + Celery + PostgreSQL + {args.nodes} agents over HTTP, 4 clients"
+        result("fill.submit_jobs_per_s", args.jobs / seconds, "jobs/s", better="higher", over=over)
+        result("fill.submit_p99_ms", 1000 * pct(latencies, 99), "ms", over=over)
+        result(
+            "fill.web_cpu_ms_per_job", 1000 * cpu_fill.get("web", 0) / args.jobs, "ms", over=over + " (agents' calls included)"
+        )
         # The web tier's CPU is not all the submissions': the agents' calls meanwhile are served by it too.
         calls = _agent_calls(stack) - calls_before
         print(f"web requests during the submissions: {args.jobs} jobs (+{SHED['submissions']} shed) and {calls} agent calls "
@@ -183,6 +198,12 @@ def run(args: argparse.Namespace) -> None:
                 running_at = time.monotonic()
                 break
             time.sleep(0.5)
+        result(
+            "fill.last_running_s",
+            None if running_at is None else running_at - full_at,
+            "s",
+            over=over + ", from the last submission",
+        )
         if running_at is None:
             print(f"fill: only {count(stack, 'RUNNING')} of {args.jobs} RUNNING after 600 s")
         else:
@@ -197,16 +218,23 @@ def run(args: argparse.Namespace) -> None:
                   f"(largest: {biggest['placed']} in {biggest['apply']:.2f} s apply, {biggest['total']:.2f} s whole cycle: "
                   f"snapshot {biggest['snapshot']:.2f} s, plan {biggest['plan']:.2f} s)")  # fmt: skip
         beats = stack.fleet_stats()["calls"].get("heartbeat", {})
-        lat = beats.get("latencies_s", [])[hb_before:] or beats.get("latencies_s", [])
+        lat = since(hb_before, beats.get("latencies_s", []))
         print(f"heartbeats during the fill: {len(lat)} timed, p50 {1000 * pct(lat, 50):.0f} ms, p99 {1000 * pct(lat, 99):.0f} ms, "
               f"max {1000 * max(lat or [0]):.0f} ms; {beats.get('unreachable', 0)} failed, {beats.get('blind', 0)} blind")  # fmt: skip
 
+        result(
+            "fill.heartbeat_p99_ms",
+            1000 * pct(lat, 99) if lat else None,
+            "ms",
+            over=over + ", agents' own timing during the fill",
+        )
         # -- phase 2: a backlog behind a full cluster
         seconds, latencies, errors = submit(stack, args.backlog, label="backlog")
         queued = count(stack, "PENDING")
         print(f"backlog: {args.backlog} more jobs behind the full cluster in {seconds:.1f} s: {args.backlog / seconds:.1f} jobs/s "
               f"(p50 {1000 * pct(latencies, 50):.0f} ms, p99 {1000 * pct(latencies, 99):.0f} ms); {queued} queued at the end; "
               f"{len(errors)} errors")  # fmt: skip
+        result("backlog.submit_jobs_per_s", args.backlog / seconds, "jobs/s", better="higher", over=over + ", cluster full")
         tail, tail_lat, _ = submit(stack, 400, label="tail")
         print(f"with {count(stack, 'PENDING') - 400} queued: 400 more at {400 / tail:.1f} jobs/s "
               f"(p50 {1000 * pct(tail_lat, 50):.0f} ms, p99 {1000 * pct(tail_lat, 99):.0f} ms)")  # fmt: skip
@@ -232,6 +260,7 @@ def run(args: argparse.Namespace) -> None:
         print(f"longest agent silence: {stats['longest_silence_s']:.1f} s as the agents count it (shed time paused), "
               f"{stats['longest_gap_s']:.1f} s between two accepted heartbeats of one agent; agents stop their work at 120 s "
               f"(stop_after_s), the portal marks a node DOWN at 300 s")  # fmt: skip
+        result("lost.requeued_or_lost", lost["requeued"] + lost["lost"], "jobs", over=over)
         verdict = lost["requeued"] == 0 and lost["lost"] == 0 and stats["tasks_stopped_for_portal_loss"] == 0
         print(f"verdict: {'held' if verdict else 'NOT held'}: 0 jobs requeued or lost and 0 tasks stopped by agents "
               f"is the target; every one of the {args.jobs} fill jobs RUNNING: {count(stack, 'RUNNING') >= args.jobs}")  # fmt: skip
