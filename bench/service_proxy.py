@@ -35,6 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.benchlib import result
 from bench.stack import MARK, PG, REDIS, ROOT, cpu_seconds, free_port, marked_pids, pct
 
 PY = sys.executable
@@ -275,6 +276,10 @@ def main() -> None:
         d, d_s, p, p_s = concurrent(setup, n, args.concurrency)
         print(line(f"{args.concurrency} in flight, {len(d)} each way", d, p))
         print(f"  throughput: direct {len(d) / d_s:.0f} req/s, proxied {len(p) / p_s:.0f} req/s")
+        over = "portal.asgi under uvicorn over PostgreSQL, uvicorn replica, httpx"
+        result("proxy.added_p50_ms", pct(proxied, 50) - pct(direct, 50), "ms", over=over + ", sequential")
+        result("proxy.cpu_ms_per_request", per_request, "ms", over=over)
+        result("proxy.req_per_s", len(p) / p_s, "/s", better="higher", over=over + f", {args.concurrency} in flight")
 
 
 if __name__ == "__main__":
