@@ -12,13 +12,13 @@ They are deliberately what the named systems do, not strawmen and not improved:
   (our choice, like the coscheduling plugin's schedule timeout) a partial gang
   older than ``timeout_s`` releases its pods and backs off for ``backoff_s``
   before it binds again. Being stateful, it is a callable object, not a function.
-* ``easy_backfill``: Slurm-style EASY backfill. Jobs in submit order start while
+* ``easy_backfill`` (policy ``easy-blind``): EASY backfill blind to topology. Jobs in submit order start while
   they fit (best fit: the node left with the fewest free GPUs); the first one
   that does not fit gets one reservation at the earliest time the running jobs'
   time limits free enough GPUs for it; later jobs backfill if they end before
   that time or use only GPUs the reservation does not need. Nodes only: no leaf
-  or spine awareness.
-* ``easy_backfill_topo``: the same EASY backfill with Slurm's node selection under
+  or spine awareness (Slurm without topology/tree; easy-topo is Slurm with it).
+* ``easy_backfill_topo`` (policy ``easy-topo``): the same EASY backfill with Slurm's node selection under
   ``select/cons_tres`` and ``topology/tree``: a gang goes to the lowest switch that
   can hold it (one node, one leaf, one spine, the cluster) and, inside it, to leaf
   switches by best fit: a leaf that holds what is left of the gang, the one with

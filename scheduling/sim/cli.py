@@ -31,8 +31,8 @@ from scheduling.sim.metrics import (
     targets_table,
     team_table,
 )
-from scheduling.sim.policies import KNOWN, LIMIT_BLIND, NAMES, make_policy
-from scheduling.sim.replay_types import ReplayConfig
+from scheduling.sim.policies import KNOWN, LIMIT_BLIND, NAMES, RENAMED, make_policy
+from scheduling.sim.replay_types import DEPLOYMENT_CYCLE_S, ReplayConfig
 from scheduling.sim.trace import TraceJob, load_trace, time_limits
 from scheduling.sim.workload import GangHeavy, gang_heavy
 
@@ -91,10 +91,22 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help="Yardmaster's Config.span_slowdown (default: the replay's own factor, as a deployment that measured it)",
     )
-    p.add_argument("--cycle-s", type=float, default=60.0, help="scheduling cycle interval (simulated s)")
+    p.add_argument(
+        "--cycle-s",
+        type=float,
+        default=DEPLOYMENT_CYCLE_S,
+        help=f"scheduling cycle interval (simulated s; default {DEPLOYMENT_CYCLE_S:g}, the deployment's); 0: a cycle at "
+        "every arrival and departure (event-driven)",
+    )
     p.add_argument("--wake-s", type=float, default=600.0, help="cycle at least this often while jobs wait")
     p.add_argument("--checkpoint-s", type=float, default=3600.0, help="checkpoint interval; 0: never")
-    p.add_argument("--busy-from", type=float, default=20 * 86400.0, help="metrics window start for the trace (s)")
+    p.add_argument(
+        "--busy-from",
+        type=float,
+        default=None,
+        help="metrics window start for the trace (s); default: day 20 of the bundled Philly month (its README's "
+        "steady state), 0 (the whole trace) for any other --trace",
+    )
     p.add_argument("--grace-s", type=float, default=Config().grace_period_s)
     p.add_argument("--no-at-risk", action="store_true", help="Yardmaster without backfill at risk")
     p.add_argument(
@@ -147,6 +159,17 @@ def _shape(task: Task) -> ClusterShape:
     )
 
 
+def trace_label(args: argparse.Namespace) -> str:
+    """The name the tables give the trace: "philly" for the bundled month, else the file's own name."""
+    return "philly" if args.trace.resolve() == DEFAULT_TRACE.resolve() else args.trace.stem
+
+
+def busy_from(args: argparse.Namespace) -> float:
+    if args.busy_from is not None:
+        return float(args.busy_from)
+    return 20 * 86400.0 if trace_label(args) == "philly" else 0.0
+
+
 def replay_config(task: Task) -> ReplayConfig:
     args = task.args
     believed = task.slowdown if args.believed_slowdown is None else args.believed_slowdown
@@ -155,7 +178,7 @@ def replay_config(task: Task) -> ReplayConfig:
         wake_s=args.wake_s,
         checkpoint_s=args.checkpoint_s,
         # The gang-heavy workload starts at 0 with no history to skip: its window is the whole trace.
-        busy_from=0.0 if task.workload == GANG_HEAVY else args.busy_from,
+        busy_from=0.0 if task.workload == GANG_HEAVY else busy_from(args),
         span_slowdown=task.slowdown,
         leaf_locality=LeafLocality(args.leaf_locality),
         # The replay keeps Placement.at_risk across cycles (as RunningJob.at_risk), so it can lend at risk.
@@ -186,7 +209,7 @@ def _replay(task: Task) -> Summary:
 
 def tasks(args: argparse.Namespace) -> list[Task]:
     modes = ["oracle", "estimate"] if args.time_limits == "both" else [args.time_limits]
-    sizes = [("philly", n) for n in args.nodes]
+    sizes = [(trace_label(args), n) for n in args.nodes]
     if args.gang_heavy_nodes > 0:
         sizes.append((GANG_HEAVY, args.gang_heavy_nodes))
     out = []
@@ -206,7 +229,7 @@ def report(rows: list[Summary], command: str, wall_s: float) -> str:
         f"the baseline named is the best on that metric):\n\n{targets_table(rows)}\n"
         f"Every replay:\n\n{compact_table(rows)}"
     ]
-    groups = sorted({(s.workload, s.nodes, s.slowdown) for s in rows}, key=lambda g: (g[0] != "philly", -g[1], g[2]))
+    groups = sorted({(s.workload, s.nodes, s.slowdown) for s in rows}, key=lambda g: (g[0] == GANG_HEAVY, g[0], -g[1], g[2]))
     for workload, nodes, slowdown in groups:
         group = [s for s in rows if (s.workload, s.nodes, s.slowdown) == (workload, nodes, slowdown)]
         parts.append(f"\n## {workload}, {nodes} nodes, spanning slowdown {slowdown_label(slowdown)}\n\n{headline_table(group)}")
@@ -222,6 +245,8 @@ def report(rows: list[Summary], command: str, wall_s: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     for name in args.policies.split(","):
+        if name in RENAMED:
+            parser().error(RENAMED[name])
         if name not in KNOWN:
             parser().error(f"unknown policy {name!r}; choose from {', '.join(KNOWN)}")
     work = tasks(args)
@@ -233,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [_replay(t) for t in work]
     wall = time.perf_counter() - t0
     order = {name: i for i, name in enumerate(KNOWN)}
-    rows.sort(key=lambda s: (s.workload != "philly", -s.nodes, s.slowdown, order[s.policy], s.time_limits))
+    rows.sort(key=lambda s: (s.workload == GANG_HEAVY, s.workload, -s.nodes, s.slowdown, order[s.policy], s.time_limits))
     command = "python -m scheduling.sim " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     text = report(rows, command, wall)
     print(text)
@@ -242,6 +267,6 @@ def main(argv: list[str] | None = None) -> int:
 
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.md").write_text(text)
-        for path in write_plots(rows, args.out, busy_from=args.busy_from):
+        for path in write_plots(rows, args.out, busy_from=busy_from(args)):
             print(f"wrote {path}", file=sys.stderr)
     return 0

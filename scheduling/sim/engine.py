@@ -2,7 +2,8 @@
 
 The engine owns time and state; the policy only decides. Arrivals, job ends and
 the end of a preemption's grace period are events. Events are batched into
-scheduling cycles on a fixed grid (``cycle_s``): a cycle runs at a grid point
+scheduling cycles on a fixed grid (``cycle_s``, the deployment's interval by
+default; 0 plans at every arrival and departure): a cycle runs at a grid point
 only if something changed since the last one, or every ``wake_s`` while jobs
 wait (a policy may act on time alone: a victim passing its minimum run time, a
 partial gang timing out). The same Topology object serves the whole replay, so
@@ -226,19 +227,6 @@ class Replay:
         s.attempt += 1
         self.busy += s.gpus
         self.team_held[s.trace.team] += s.gpus
-        self.running[job_id] = RunningJob(
-            job_id=job_id,
-            team=s.trace.team,
-            tier=Tier.RESEARCH,
-            gpu_type=s.trace.gpu_type or self.default_type,
-            replicas=replicas,
-            start=self.now,
-            time_limit=max(s.limit, s.remaining, 1.0),
-            submit_time=s.trace.submit_time,
-            # Kept for the attempt, as the portal keeps it: the policy preempts it when its reservation is due.
-            at_risk=at_risk,
-        )
-        s.at_risk += at_risk
         nodes = [self.gpu_node[r[0]] for r in replicas]
         locality, leaves, _ = span(nodes, self.node_leaf, self.node_spine)
         distinct = len(set(nodes))
@@ -247,6 +235,21 @@ class Replay:
         slowed = self.cfg.span_slowdown > 0 and (leaves > 1 or (distinct > 1 and s.gpus <= self.shape.gpus_per_node))
         s.stretch = 1.0 + self.cfg.span_slowdown if slowed else 1.0
         s.slowed += slowed
+        self.running[job_id] = RunningJob(
+            job_id=job_id,
+            team=s.trace.team,
+            tier=Tier.RESEARCH,
+            gpu_type=s.trace.gpu_type or self.default_type,
+            replicas=replicas,
+            start=self.now,
+            # Stretched as the run is: a user whose job runs slower asks for a longer limit, and a policy
+            # must not see a slowed gang outrun its own limit (and count it as ending "now").
+            time_limit=max(s.limit, s.remaining, 1.0) * s.stretch,
+            submit_time=s.trace.submit_time,
+            # Kept for the attempt, as the portal keeps it: the policy preempts it when its reservation is due.
+            at_risk=at_risk,
+        )
+        s.at_risk += at_risk
         self._push(self.now + s.remaining * s.stretch, _END, job_id, s.attempt)
         if self.cfg.checkpoint_s > 0:
             heappush(self._ckpt_heap, (self.now + self.cfg.checkpoint_s, job_id, s.attempt))
@@ -357,7 +360,8 @@ class Replay:
         arrivals, events = self.arrivals, self.events
         if not arrivals:
             return self._result(wall0, [])
-        grid = math.ceil(arrivals[0].submit_time / cyc) * cyc
+        # A grid point at or after each change, or (cycle_s 0, event-driven) the change itself.
+        grid = math.ceil(arrivals[0].submit_time / cyc) * cyc if cyc > 0 else arrivals[0].submit_time
         self.now = arrivals[0].submit_time
         last_cycle = -math.inf
         idle_cycles = 0
@@ -396,7 +400,7 @@ class Replay:
                 nxt = min(nxt, last_cycle + self.cfg.wake_s)
             if nxt == math.inf:
                 break
-            grid = max(grid + cyc, math.ceil(nxt / cyc) * cyc)
+            grid = max(grid + cyc, math.ceil(nxt / cyc) * cyc) if cyc > 0 else nxt
         unfinished = [j for j, s in self.states.items() if s.finish is None]
         return self._result(wall0, unfinished)
 

@@ -11,7 +11,7 @@ from scheduling.sim import baselines
 from scheduling.sim.replay_types import Policy
 
 # The default set: Yardmaster and the four baselines.
-NAMES = ("yardmaster", "fifo", "first-fit", "easy-backfill", "easy-topo")
+NAMES = ("yardmaster", "fifo", "first-fit", "easy-blind", "easy-topo")
 # Yardmaster under other deployment settings, to measure what one of them does (never in the default set):
 # the absolute one-leaf rule of before (every gang that fits a leaf waits for one), and no backfill at risk.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -19,10 +19,15 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "yardmaster-no-risk": {"backfill_at_risk": False},
 }
 KNOWN = (*NAMES, *VARIANTS)
-BASELINES = ("fifo", "first-fit", "easy-backfill", "easy-topo")
+BASELINES = ("fifo", "first-fit", "easy-blind", "easy-topo")
 # Policies whose decisions never read a job's time limit: one replay serves both
 # --time-limits modes.
 LIMIT_BLIND = frozenset({"fifo", "first-fit"})
+# Names that were given up, with what to say instead of "unknown".
+RENAMED = {
+    "easy-backfill": "easy-backfill is now easy-blind (EASY backfill whose node choice is blind to leaves and "
+    "spines); Slurm's topology-aware EASY (topology/tree) is easy-topo",
+}
 
 
 class _Configured:
@@ -49,10 +54,12 @@ def make_policy(name: str) -> Policy:
         return baselines.fifo
     if name == "first-fit":
         return baselines.KubeFirstFit()
-    if name == "easy-backfill":
+    if name == "easy-blind":
         return baselines.easy_backfill
     if name == "easy-topo":
         return baselines.easy_backfill_topo
+    if name in RENAMED:
+        raise ValueError(RENAMED[name])
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(KNOWN)}")
 
 

@@ -18,9 +18,15 @@ class Policy(Protocol):
     def __call__(self, snapshot: Snapshot, *, now: float) -> Plan: ...
 
 
+# The deployment's cycle interval (portal/yard_settings.py, YARD_CYCLE_INTERVAL_S): a replay cycles as
+# often by default, so its waits have the deployment's floor, not a coarser grid's.
+DEPLOYMENT_CYCLE_S = 5.0
+
+
 @dataclass(frozen=True, slots=True)
 class ReplayConfig:
-    cycle_s: float = 60.0
+    # Seconds between cycles; 0 plans at every arrival and departure (event-driven).
+    cycle_s: float = DEPLOYMENT_CYCLE_S
     wake_s: float = 600.0
     checkpoint_s: float = 3600.0  # 0: jobs never checkpoint
     busy_from: float = 20 * 86400.0  # metrics window start (trace README: steady state)

@@ -60,7 +60,10 @@ def replay(locality: LeafLocality | None, believed: float) -> tuple[Replay, list
         shape=SHAPE,
         limits=time_limits(JOBS, "oracle"),
         team_weights={"a": 1.0, "b": 1.0, "c": 1.0},
-        config=ReplayConfig(span_slowdown=0.25, core=replace(Config(), span_slowdown=believed, backfill_at_risk=True)),
+        # The 60 s grid the failure was found on (it came at 7,140 s, a grid point).
+        config=ReplayConfig(
+            cycle_s=60.0, span_slowdown=0.25, core=replace(Config(), span_slowdown=believed, backfill_at_risk=True)
+        ),
         name="yardmaster",
     )
     return r, plans

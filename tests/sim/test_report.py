@@ -37,7 +37,7 @@ def test_cli_prints_one_row_per_policy_and_writes_plots(tmp_path: Path, capsys: 
         "--jobs",
         "1",
         "--policies",
-        "fifo,easy-backfill",
+        "fifo,easy-blind",
         "--time-limits",
         "oracle",
         "--gang-heavy-nodes",
@@ -47,6 +47,22 @@ def test_cli_prints_one_row_per_policy_and_writes_plots(tmp_path: Path, capsys: 
     ]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "| fifo |" in out and "| easy-backfill (oracle) |" in out
-    assert "| easy-backfill (oracle) |" in (tmp_path / "results.md").read_text()
-    assert {p.name for p in tmp_path.glob("*.png")} == {"utilisation_16.png", "queue_cdf_16.png"}
+    assert "| fifo |" in out and "| easy-blind (oracle) |" in out
+    assert "| easy-blind (oracle) |" in (tmp_path / "results.md").read_text()
+    # Another trace than the bundled month is named by its file, never "philly".
+    assert f"## {SAMPLE.stem}, 16 nodes" in out and "## philly," not in out
+    assert {p.name for p in tmp_path.glob("*.png")} == {f"utilisation_{SAMPLE.stem}_16.png", f"queue_cdf_{SAMPLE.stem}_16.png"}
+
+
+def test_a_renamed_policy_is_refused_with_its_new_name(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--policies", "easy-backfill", "--nodes", "4", "--limit", "10"])
+    assert "easy-backfill is now easy-blind" in capsys.readouterr().err
+
+
+def test_another_trace_is_measured_whole_and_the_bundled_month_from_day_20() -> None:
+    from scheduling.sim.cli import busy_from, parser
+
+    assert busy_from(parser().parse_args(["--trace", str(SAMPLE)])) == 0.0
+    assert busy_from(parser().parse_args([])) == 20 * 86400.0
+    assert busy_from(parser().parse_args(["--trace", str(SAMPLE), "--busy-from", "5"])) == 5.0

@@ -47,7 +47,7 @@ def small_replay(jobs: list[TraceJob], policy: Policy, *, slowdown: float, **cfg
         shape=SMALL,
         limits=time_limits(jobs, "oracle"),
         team_weights={"t": 1.0},
-        config=ReplayConfig(busy_from=0.0, span_slowdown=slowdown, **cfg),  # type: ignore[arg-type]
+        config=ReplayConfig(busy_from=0.0, cycle_s=60.0, span_slowdown=slowdown, **cfg),  # type: ignore[arg-type]
     )
 
 
@@ -185,3 +185,50 @@ def test_a_configured_variant_is_plan_under_that_setting() -> None:
     required = make_policy("yardmaster-required")(snap, now=0.0)
     assert required == plan(replace(snap, config=Config(span_slowdown=float("inf"))), now=0.0)
     assert required.placements == ()
+
+
+def test_a_slowed_gang_is_given_a_limit_stretched_as_its_run_is() -> None:
+    """A policy reads the running gang's limit to plan around it: a slowed gang's own (oracle) limit would
+    run out at 10,000 s while the gang runs to 12,500 s, and a backfill would count it as ending "now"."""
+    seen: list[float] = []
+    place = on_nodes({"g": ("n0001", "n0002"), "h": ("n0000",)})
+
+    def policy(snapshot: Snapshot, *, now: float) -> Plan:
+        seen.extend(r.time_limit for r in snapshot.running if r.job_id == "g")
+        return place(snapshot, now=now)
+
+    replay([job("g", 0.0, 10_000.0, 16), job("h", 600.0, 60.0, 8)], policy, slowdown=0.25)
+    assert seen and all(limit == pytest.approx(12_500.0) for limit in seen)
+
+
+def test_the_replay_cycles_as_often_as_the_deployment_by_default() -> None:
+    import os
+    from pathlib import Path
+
+    from portal.yard_settings import yard_settings
+
+    if "YARD_CYCLE_INTERVAL_S" in os.environ:
+        pytest.skip("the environment sets the interval")
+    assert ReplayConfig().cycle_s == yard_settings(Path("/nonexistent"))["CYCLE_INTERVAL_S"]
+
+
+def test_an_event_driven_replay_plans_at_each_arrival_and_departure() -> None:
+    jobs = [job("a", 7.0, 100.0, 8), job("b", 31.0, 50.0, 8)]
+    one_node = on_nodes({"a": ("n0000",), "b": ("n0000",)})
+
+    def policy(snapshot: Snapshot, *, now: float) -> Plan:  # one job at a time on n0000
+        if snapshot.running:
+            return Plan((), (), (), {j.job_id: "n0000 is busy" for j in snapshot.pending})
+        return one_node(replace(snapshot, pending=snapshot.pending[:1]), now=now)
+
+    r = Replay(
+        jobs,
+        policy,
+        shape=SMALL,
+        limits=time_limits(jobs, "oracle"),
+        team_weights={"t": 1.0},
+        config=ReplayConfig(busy_from=0.0, cycle_s=0.0),
+    )
+    done = {s.trace.job_id: s for s in r.run().jobs}
+    # a starts as it arrives; b waits for a's node, and starts the moment a ends (t = 107).
+    assert done["a"].first_start == 7.0 and done["b"].first_start == 107.0
