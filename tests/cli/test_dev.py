@@ -228,6 +228,10 @@ def sshd(tmp_path: Path) -> Iterator[Sshd]:
             ]
         )
     )
+    if os.geteuid() == 0:
+        # Debian's sshd run as root wants its privilege separation folder, which its service unit makes and
+        # which may not exist on a fresh machine (the agent makes it too: nodeagent/devsession.py _check).
+        os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
     log = open(root / "sshd.log", "wb")  # noqa: SIM115 - the child holds it
     process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=log)
     try:

@@ -139,7 +139,7 @@ def test_a_dev_session_over_real_ssh_through_the_portal_then_reaped_when_its_gpu
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
         try:
             status = wait_for("the connection counted", lambda: (s := dana.api(f"/api/v1/dev-sessions/{session}"))["ssh"]
-                              and (s["ssh"].get("connections") or 0) >= 1 and s, timeout=30)  # fmt: skip
+                              and (s["ssh"].get("connections") or 0) >= 1 and s, timeout=90)  # fmt: skip
             assert status["ssh"]["last_activity"] is not None
             (endpoint,) = stack.sql("SELECT dev_endpoint FROM scheduling_task WHERE job_id = %s AND rank = 0", (session,))[0]
             warnings = "SELECT count(*) FROM scheduling_jobevent WHERE job_id = %s AND reason LIKE 'idle warning:%%'"
