@@ -18,7 +18,7 @@ from operator import itemgetter, ne
 from typing import NamedTuple
 
 from scheduling.core.free_state import FreeState
-from scheduling.core.index import NODE
+from scheduling.core.index import NODE, TopoIndex
 from scheduling.core.placement import find_job
 from scheduling.core.placement_fit import Fit
 from scheduling.core.types import PendingJob
@@ -171,7 +171,40 @@ def _earliest_in_counts(
     free = at.free
     c = 0
     cut = cuts[0]
-    for i, (end, _, locs) in enumerate(releases):
+    if cut > _FIRST_BY_NODE:
+        # Many jobs end first, at one time (in a saturated cluster those past their time limit all end
+        # "now": thousands of GPUs that every search of a plan replays). Their GPUs are counted node by
+        # node, grouped once per plan (``_first_by_node``); whether a leaf fits is read at the cut only,
+        # and its counts only grow.
+        reserved_nodes = {ni for ni, _ in reserved}
+        for ni, positions, mine in _first_by_node(ix, releases, cut, gpu_type):
+            row = free[ni]
+            if ni in reserved_nodes:
+                mine = tuple([loc for loc in mine if not row[loc[1]] and loc not in reserved])
+            elif any(map(row.__getitem__, positions)):
+                mine = tuple([loc for loc in mine if not row[loc[1]]])
+            if not mine:
+                continue
+            seen.update(mine)
+            li = leaf_of[ni]
+            freed.setdefault(li, []).extend(mine)
+            k = len(mine)
+            old = node_free[ni]
+            node_free[ni] = old + k
+            gained = (old + k) // per_replica - old // per_replica
+            leaf_room[li] += gained
+            total_room += gained
+            leaf_free[li] += k
+            if leaf_free[li] >= need and leaf_room[li] >= replicas:
+                fitting.add(li)
+        if fitting if one_leaf else total_room >= replicas:
+            at.give_locs([loc for li in sorted(fitting if one_leaf else freed) for loc in freed.get(li, ())])
+            fit = fits(at)
+            return (True, (releases[cut - 1].end, fit)) if fit is not None else (False, None)
+        c = 1
+        cut = cuts[1] if len(cuts) > 1 else -1
+    skip = cuts[0] if c else 0
+    for i, (end, _, locs) in enumerate(islice(releases, skip, None), skip):
         for loc in locs:
             ni, p = loc
             if not ready[ni] or free[ni][p] or loc in reserved or loc in seen:
@@ -201,6 +234,31 @@ def _earliest_in_counts(
             if c < len(cuts):
                 cut = cuts[c]
     return True, None
+
+
+# Releases at the first end time past which ``_earliest_in_counts`` counts them node by node.
+_FIRST_BY_NODE = 64
+_FIRST: list[tuple[TopoIndex, str, list[Release], list[tuple[int, tuple[int, ...], tuple[Loc, ...]]]]] = []
+
+
+def _first_by_node(
+    ix: TopoIndex, releases: list[Release], cut: int, gpu_type: str
+) -> list[tuple[int, tuple[int, ...], tuple[Loc, ...]]]:
+    """The GPUs of ``releases[:cut]`` on READY nodes of ``gpu_type``, once each, per node (first named
+    first): (node, positions, GPUs). Kept for the next call whose first releases are equal (a plan's
+    searches, and the estimates' shapes, replay the same first ends: the same objects, compared by
+    identity first, so the comparison costs a pointer each)."""
+    first = releases[:cut]
+    if _FIRST and _FIRST[0][0] is ix and _FIRST[0][1] == gpu_type and _FIRST[0][2] == first:
+        return _FIRST[0][3]
+    ready = ix.ready_of_type(gpu_type)
+    by_node: dict[int, list[Loc]] = {}
+    for loc in dict.fromkeys(loc for _, _, locs in first for loc in locs):
+        if ready[loc[0]]:
+            by_node.setdefault(loc[0], []).append(loc)
+    found = [(ni, tuple(p for _, p in mine), tuple(mine)) for ni, mine in by_node.items()]
+    _FIRST[:] = [(ix, gpu_type, first, found)]
+    return found
 
 
 def _earliest_on_one_node(
