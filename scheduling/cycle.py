@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
@@ -23,13 +22,14 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import DateTimeField, ExpressionWrapper, F, QuerySet
 from django.utils import timezone
 
-from scheduling.core.eta import with_estimates
+from scheduling.core.eta import Estimator
 from scheduling.core.plan import plan
 from scheduling.core.types import Plan, Preemption, Snapshot
 from scheduling.cycle_lease import Lease, LeaseLost, lease_claim, lease_fence, lease_release
 from scheduling.cycle_placements import _PlacementWriter
 from scheduling.models import Job
 from scheduling.selectors import snapshot_build
+from scheduling.selectors.snapshot import Epoch, raw_rows
 from scheduling.services import StaleState, job_request_stop
 from scheduling.states import ACTIVE_STATES, JobState
 from tenants.services import audit
@@ -56,9 +56,10 @@ class CycleResult:
     time_limited: list[int] = field(default_factory=list)
     reasons_updated: int = 0
     seconds: float = 0.0
-    # where the time went: snapshot from the database, plan(), writing the plan
+    # where the time went: snapshot from the database, plan(), the estimated starts, writing the plan
     snapshot_seconds: float = 0.0
     plan_seconds: float = 0.0
+    estimates_seconds: float = 0.0
     apply_seconds: float = 0.0
 
 
@@ -74,10 +75,13 @@ def run_cycle_once(*, now: datetime | None = None) -> CycleResult:
         snapshot = snapshot_build(now=now)
         t1 = time.monotonic()
         # Every wait with an estimated start (quota waits included), the same figure the preview gives.
-        plan_ = with_estimates(snapshot, plan(snapshot, now=now.timestamp()), now=now.timestamp())
+        planned = plan(snapshot, now=now.timestamp())
         t2 = time.monotonic()
+        plan_ = estimates_refresh(snapshot, planned, now=now.timestamp())
+        t3 = time.monotonic()
         result = apply_plan(lease=lease, snapshot=snapshot, plan_=plan_, now=now)
-        result.snapshot_seconds, result.plan_seconds, result.apply_seconds = t1 - t0, t2 - t1, time.monotonic() - t2
+        result.snapshot_seconds, result.plan_seconds, result.estimates_seconds = t1 - t0, t2 - t1, t3 - t2
+        result.apply_seconds = time.monotonic() - t3
         result.time_limited = enforce_time_limits(lease=lease, now=now)
     except LeaseLost:
         # This holder stalled past its lease and another took over: what it had applied stands
@@ -94,7 +98,7 @@ def run_cycle_once(*, now: datetime | None = None) -> CycleResult:
         log.warning("could not record the cycle's duration", exc_info=True)
     log.info(
         "cycle epoch %s: placed %d, conflicts %d, preempted %d, time-limited %d, %d reasons updated in %.2f s "
-        "(snapshot %.3f s, plan %.3f s, apply %.3f s)",
+        "(snapshot %.3f s, plan %.3f s, estimates %.3f s, apply %.3f s)",
         result.epoch,
         len(result.placed),
         len(result.conflicts),
@@ -104,9 +108,23 @@ def run_cycle_once(*, now: datetime | None = None) -> CycleResult:
         result.seconds,
         result.snapshot_seconds,
         result.plan_seconds,
+        result.estimates_seconds,
         result.apply_seconds,
     )
     return result
+
+
+# The estimated starts' model of the cluster, kept between the cycles of this process while the state it
+# read is unchanged (``eta.Estimator``): a cycle where nothing changed does not rebuild it. Where only
+# time moved on past an end (or a stop's grace period moves with it), an estimate kept for up to 30 s is
+# at most 30 s early: half the minute of drift that ``_apply_reasons`` does not write anyway.
+ESTIMATES_KEEP_S = 30.0
+_ESTIMATES = Estimator(keep_s=ESTIMATES_KEEP_S)
+
+
+def estimates_refresh(snapshot: Snapshot, planned: Plan, *, now: float) -> Plan:
+    """``planned`` with every waiting job's estimated start, the same figure the preview gives."""
+    return _ESTIMATES.with_estimates(snapshot, planned, now=now)
 
 
 def apply_plan(*, lease: Lease, snapshot: Snapshot, plan_: Plan, now: datetime) -> CycleResult:
@@ -173,9 +191,10 @@ def _apply_reasons(plan_: Plan, *, placed: set[int]) -> int:
     """Pending reason, estimated start and reservation of every pending job: only rows that changed,
     written in bulk (a queue of thousands changes many reasons at once when the cluster frees up)."""
     reservations = {r.job_id: r for r in plan_.reservations}
-    changed: list[Job] = []
+    changed: list[tuple[int, str, float | None, str]] = []
     pending = Job.objects.filter(state=JobState.PENDING).exclude(pk__in=placed)
-    for pk, reason, estimated, domain in pending.values_list("id", "pending_reason", "estimated_start", "reservation_domain"):
+    rows = pending.annotate(estimated=Epoch("estimated_start"))
+    for pk, reason, estimated, domain in raw_rows(rows.values_list("id", "pending_reason", "estimated", "reservation_domain")):
         key = str(pk)
         if key not in plan_.pending_reasons:
             continue  # submitted after the snapshot: the next cycle speaks for it
@@ -183,34 +202,33 @@ def _apply_reasons(plan_: Plan, *, placed: set[int]) -> int:
         reservation = reservations.get(key)
         if reservation is not None:
             start_ts = reservation.earliest_start
-        start = datetime.fromtimestamp(start_ts, tz=UTC) if start_ts is not None else None
-        wanted = {
-            "pending_reason": plan_.pending_reasons[key],
-            "estimated_start": start,
-            "reservation_domain": reservation.domain if reservation else "",
-        }
-        job = Job(pk=pk, pending_reason=reason, estimated_start=estimated, reservation_domain=domain)
-        if _differs(job, wanted):
-            for name, value in wanted.items():
-                setattr(job, name, value)
-            changed.append(job)
+        wanted = (plan_.pending_reasons[key], start_ts, reservation.domain if reservation else "")
+        # a minute of drift in an estimate is not worth a write per job per cycle
+        if (
+            wanted[0] != reason
+            or wanted[2] != domain
+            or (start_ts is None) != (estimated is None)
+            or (start_ts is not None and estimated is not None and abs(start_ts - estimated) >= 60)
+        ):
+            changed.append((pk, *wanted))
     updated = 0
     for at in range(0, len(changed), APPLY_BATCH):
         chunk = changed[at : at + APPLY_BATCH]
         # Only jobs still PENDING: a job placed or cancelled since keeps what it says now.
         still = set(
             Job.objects.select_for_update()
-            .filter(pk__in=[j.pk for j in chunk], state=JobState.PENDING)
+            .filter(pk__in=[pk for pk, _, _, _ in chunk], state=JobState.PENDING)
             .order_by("pk")
             .values_list("pk", flat=True)
         )
         # Jobs that wait for the same reason until the same moment are one UPDATE (a queue of thousands
         # holds few distinct reasons), rather than a CASE over every row.
-        same: dict[tuple[str, datetime | None, str], list[int]] = {}
-        for j in chunk:
-            if j.pk in still:
-                same.setdefault((j.pending_reason, j.estimated_start, j.reservation_domain), []).append(j.pk)
-        for (reason, start, domain), ids in same.items():
+        same: dict[tuple[str, float | None, str], list[int]] = {}
+        for pk, reason, start_ts, domain in chunk:
+            if pk in still:
+                same.setdefault((reason, start_ts, domain), []).append(pk)
+        for (reason, start_ts, domain), ids in same.items():
+            start = datetime.fromtimestamp(start_ts, tz=UTC) if start_ts is not None else None
             updated += Job.objects.filter(pk__in=ids).update(
                 pending_reason=reason, estimated_start=start, reservation_domain=domain
             )
@@ -224,18 +242,6 @@ def _apply_reasons(plan_: Plan, *, placed: set[int]) -> int:
     if back:
         updated += Job.objects.filter(pk__in=back).update(borrowed=False)
     return updated
-
-
-def _differs(job: Job, wanted: Mapping[str, object]) -> bool:
-    for name, value in wanted.items():
-        current = getattr(job, name)
-        if name == "estimated_start" and current is not None and value is not None:
-            # a minute of drift in an estimate is not worth a write per job per cycle
-            if abs((current - value).total_seconds()) >= 60:
-                return True
-        elif current != value:
-            return True
-    return False
 
 
 def enforce_time_limits(*, lease: Lease, now: datetime) -> list[int]:

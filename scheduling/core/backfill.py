@@ -13,11 +13,12 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Callable
-from operator import itemgetter
+from itertools import compress, islice
+from operator import itemgetter, ne
 from typing import NamedTuple
 
 from scheduling.core.free_state import FreeState
-from scheduling.core.index import NODE
+from scheduling.core.index import NODE, TopoIndex
 from scheduling.core.placement import find_job
 from scheduling.core.placement_fit import Fit
 from scheduling.core.types import PendingJob
@@ -35,6 +36,7 @@ _END = itemgetter(0)  # a Release's end
 
 # False: every gang takes the galloping search (the reference of tests/property/test_fast_paths.py).
 COUNT_MULTI_NODE = True
+COUNT_ONE_NODE = True
 
 
 def _apply(st: FreeState, releases: list[Release], start: int, stop: int, reserved: set[Loc]) -> None:
@@ -64,10 +66,13 @@ def earliest_fit(
     need = replicas * per_replica
     if until != math.inf:
         releases = releases[: bisect_left(releases, until, key=_END)]
-    # cuts[i]: how many releases have happened by the i-th distinct end time.
-    cuts: list[int] = [i + 1 for i in range(len(releases)) if i + 1 == len(releases) or releases[i + 1].end != releases[i].end]
-    if not cuts:
+    if not releases:
         return None
+    # cuts[i]: how many releases have happened by the i-th distinct end time (where the next end differs),
+    # found in C: a loop over thousands of releases was a tenth of an estimate per shape.
+    ends = list(map(_END, releases))
+    cuts: list[int] = list(compress(range(1, len(ends)), map(ne, ends, islice(ends, 1, None))))
+    cuts.append(len(ends))
 
     def fits(state: FreeState) -> Fit | None:
         if state.type_free.get(gpu_type, 0) < need:
@@ -84,6 +89,10 @@ def earliest_fit(
         if agreed:
             return counted
         # The counts and the search disagreed (a bug in the counts): the galloping search decides.
+    if COUNT_ONE_NODE and replicas == 1 and not job.needs and light:
+        agreed, counted = _earliest_on_one_node(st, releases, cuts, reserved, gpu_type, per_replica, fits)
+        if agreed:
+            return counted
 
     cur = st.clone(buckets=not multi_node_only)
     applied = 0
@@ -145,44 +154,158 @@ def _earliest_in_counts(
     """
     at = st.clone(buckets=False)
     ix = at.ix
-    nodes, dfree, need = ix.nodes, at.dfree[NODE], replicas * per_replica
-    leaf_free: dict[int, int] = {}
-    leaf_room: dict[int, int] = {}
-    node_free: dict[int, int] = {}
-    total_room = sum(at.leaf_capacity(li, gpu_type, per_replica) for li in range(len(ix.leaf_names)))
+    leaves = range(len(ix.leaf_names))
+    need = replicas * per_replica
+    # Per leaf and per node, as lists (read and written for every GPU replayed): free GPUs of the type,
+    # replica room, and the GPUs freed so far.
+    leaf_free = [at.leaf_tfree[li].get(gpu_type, 0) for li in leaves]
+    leaf_room = [at.leaf_capacity(li, gpu_type, per_replica) for li in leaves]
+    node_free = list(at.dfree[NODE])
+    total_room = sum(leaf_room)
     # Leaves that hold it already (none, where the caller's search just failed on this state).
-    fitting = {
-        li
-        for li in range(len(ix.leaf_names))
-        if at.leaf_tfree[li].get(gpu_type, 0) >= need and at.leaf_capacity(li, gpu_type, per_replica) >= replicas
-    }
+    fitting = {li for li in leaves if leaf_free[li] >= need and leaf_room[li] >= replicas}
     freed: dict[int, list[Loc]] = {}  # leaf -> GPUs freed there by the ends replayed
     seen: set[Loc] = set()  # a GPU named by two releases is freed once
+    ready = ix.ready_of_type(gpu_type)
+    leaf_of = ix.leaf_of_node
+    free = at.free
     c = 0
-    for i in range(len(releases)):
-        for loc in releases[i].locs:
-            ni, p = loc
-            node = nodes[ni]
-            if node.gpu_type != gpu_type or not node.schedulable or at.free[ni][p] or loc in reserved or loc in seen:
-                continue  # giving it back changes nothing this search reads
-            seen.add(loc)
-            li = node.leaf
-            freed.setdefault(li, []).append(loc)
-            old = node_free.get(ni, dfree[ni])
-            node_free[ni] = old + 1
-            if li not in leaf_free:
-                leaf_free[li] = at.leaf_tfree[li].get(gpu_type, 0)
-                leaf_room[li] = at.leaf_capacity(li, gpu_type, per_replica)
-            leaf_free[li] += 1
-            gained = (old + 1) // per_replica - old // per_replica
+    cut = cuts[0]
+    if cut > _FIRST_BY_NODE:
+        # Many jobs end first, at one time (in a saturated cluster those past their time limit all end
+        # "now": thousands of GPUs that every search of a plan replays). Their GPUs are counted node by
+        # node, grouped once per plan (``_first_by_node``); whether a leaf fits is read at the cut only,
+        # and its counts only grow.
+        reserved_nodes = {ni for ni, _ in reserved}
+        for ni, positions, mine in _first_by_node(ix, releases, cut, gpu_type):
+            row = free[ni]
+            if ni in reserved_nodes:
+                mine = tuple([loc for loc in mine if not row[loc[1]] and loc not in reserved])
+            elif any(map(row.__getitem__, positions)):
+                mine = tuple([loc for loc in mine if not row[loc[1]]])
+            if not mine:
+                continue
+            seen.update(mine)
+            li = leaf_of[ni]
+            freed.setdefault(li, []).extend(mine)
+            k = len(mine)
+            old = node_free[ni]
+            node_free[ni] = old + k
+            gained = (old + k) // per_replica - old // per_replica
             leaf_room[li] += gained
             total_room += gained
+            leaf_free[li] += k
             if leaf_free[li] >= need and leaf_room[li] >= replicas:
                 fitting.add(li)
-        if i + 1 == cuts[c]:  # every end up to this time is in: where the galloping search would look
+        if fitting if one_leaf else total_room >= replicas:
+            at.give_locs([loc for li in sorted(fitting if one_leaf else freed) for loc in freed.get(li, ())])
+            fit = fits(at)
+            return (True, (releases[cut - 1].end, fit)) if fit is not None else (False, None)
+        c = 1
+        cut = cuts[1] if len(cuts) > 1 else -1
+    skip = cuts[0] if c else 0
+    for i, (end, _, locs) in enumerate(islice(releases, skip, None), skip):
+        for loc in locs:
+            ni, p = loc
+            if not ready[ni] or free[ni][p] or loc in reserved or loc in seen:
+                continue  # giving it back changes nothing this search reads
+            seen.add(loc)
+            li = leaf_of[ni]
+            got = freed.get(li)
+            if got is None:
+                freed[li] = [loc]
+            else:
+                got.append(loc)
+            leaf_free[li] += 1
+            old = node_free[ni]
+            node_free[ni] = old + 1
+            gained = (old + 1) // per_replica - old // per_replica
+            if gained:
+                leaf_room[li] += gained
+                total_room += gained
+            if leaf_free[li] >= need and leaf_room[li] >= replicas:
+                fitting.add(li)
+        if i + 1 == cut:  # every end up to this time is in: where the galloping search would look
             if fitting if one_leaf else total_room >= replicas:
                 at.give_locs([loc for li in sorted(fitting if one_leaf else freed) for loc in freed.get(li, ())])
                 fit = fits(at)
-                return (True, (releases[i].end, fit)) if fit is not None else (False, None)
+                return (True, (end, fit)) if fit is not None else (False, None)
             c += 1
+            if c < len(cuts):
+                cut = cuts[c]
+    return True, None
+
+
+# Releases at the first end time past which ``_earliest_in_counts`` counts them node by node.
+_FIRST_BY_NODE = 64
+_FIRST: list[tuple[TopoIndex, str, list[Release], list[tuple[int, tuple[int, ...], tuple[Loc, ...]]]]] = []
+
+
+def _first_by_node(
+    ix: TopoIndex, releases: list[Release], cut: int, gpu_type: str
+) -> list[tuple[int, tuple[int, ...], tuple[Loc, ...]]]:
+    """The GPUs of ``releases[:cut]`` on READY nodes of ``gpu_type``, once each, per node (first named
+    first): (node, positions, GPUs). Kept for the next call whose first releases are equal (a plan's
+    searches, and the estimates' shapes, replay the same first ends: the same objects, compared by
+    identity first, so the comparison costs a pointer each)."""
+    first = releases[:cut]
+    if _FIRST and _FIRST[0][0] is ix and _FIRST[0][1] == gpu_type and _FIRST[0][2] == first:
+        return _FIRST[0][3]
+    ready = ix.ready_of_type(gpu_type)
+    by_node: dict[int, list[Loc]] = {}
+    for loc in dict.fromkeys(loc for _, _, locs in first for loc in locs):
+        if ready[loc[0]]:
+            by_node.setdefault(loc[0], []).append(loc)
+    found = [(ni, tuple(p for _, p in mine), tuple(mine)) for ni, mine in by_node.items()]
+    _FIRST[:] = [(ix, gpu_type, first, found)]
+    return found
+
+
+def _earliest_on_one_node(
+    st: FreeState,
+    releases: list[Release],
+    cuts: list[int],
+    reserved: set[Loc],
+    gpu_type: str,
+    per_replica: int,
+    fits: Callable[[FreeState], Fit | None],
+) -> tuple[bool, tuple[float, Fit] | None]:
+    """``earliest_fit`` for one replica (one node), in counts: (True, its answer), or (False, None) if
+    the search at the time the counts give finds no fit (a rule the counts do not know: the galloping
+    search decides then).
+
+    One replica fits only on a READY node of its type with ``per_replica`` free GPUs, so no end time
+    before the first one after which some node has them can fit; the ends are replayed in free GPUs per
+    node only, and the search runs once, on the state with every GPU freed by then given back (the
+    galloping search cloned the whole free state some twenty times per shape; the estimates of a queue
+    ask one search per shape every cycle).
+    """
+    ready = st.ix.ready_of_type(gpu_type)
+    free = st.free
+    node_free = st.dfree[NODE]
+    enough = any(ready[ni] and k >= per_replica for ni, k in enumerate(node_free))
+    counted: dict[int, int] = {}
+    seen: set[Loc] = set()  # a GPU named by two releases is freed once
+    c = 0
+    cut = cuts[0]
+    for i, (end, _, locs) in enumerate(releases):
+        if not enough:
+            for loc in locs:
+                ni, p = loc
+                if not ready[ni] or free[ni][p] or loc in reserved or loc in seen:
+                    continue
+                seen.add(loc)
+                k = counted.get(ni)
+                k = counted[ni] = (node_free[ni] if k is None else k) + 1
+                if k >= per_replica:
+                    enough = True
+        if i + 1 == cut:
+            if enough:
+                at = st.clone()
+                _apply(at, releases, 0, cut, reserved)
+                fit = fits(at)
+                return (True, (end, fit)) if fit is not None else (False, None)
+            c += 1
+            if c < len(cuts):
+                cut = cuts[c]
     return True, None

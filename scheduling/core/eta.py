@@ -23,26 +23,31 @@ Pure: no Django, no I/O, no clock; deterministic for a given snapshot, plan and 
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from itertools import accumulate
+from operator import itemgetter
+from typing import NamedTuple
 
 from scheduling.core import admission, reasons
 from scheduling.core.backfill import Release, earliest_fit
 from scheduling.core.free_state import FreeState
-from scheduling.core.index import TopoIndex, carried, topo_index
+from scheduling.core.index import TopoIndex, carried, running_locs, topo_index
 from scheduling.core.placement import keep_in_leaf
 from scheduling.core.plan import plan
 from scheduling.core.quota import QuotaState
-from scheduling.core.types import PendingJob, Plan, Snapshot, Tier, Verdict
+from scheduling.core.types import PendingJob, Plan, RunningJob, Snapshot, Tier, Verdict
 
 Loc = tuple[int, int]
 NEVER_PREFIX = "can never run"
+_END = itemgetter(0)  # a Release's end
+_END_AND_ID = itemgetter(0, 1)
+_BY_END = itemgetter(4, 0)  # a _Holding's (end, job_id)
 
 
-@dataclass(frozen=True, slots=True)
-class _Holding:
+class _Holding(NamedTuple):
     """GPUs of one type that a team holds (or will hold) until ``end``."""
 
     job_id: str
@@ -64,22 +69,101 @@ class Estimate:
 def start_estimates(snapshot: Snapshot, result: Plan, *, now: float) -> dict[str, Estimate]:
     """An estimate for every pending job that ``result`` (``plan(snapshot, now=now)``) left waiting and
     that can ever run; a reservation's own earliest start is kept as it is."""
-    waiting = [j for j in snapshot.pending if j.job_id in result.pending_reasons]
-    if not waiting:
-        return {}
-    model = _Model(snapshot, result, now)
-    out: dict[str, Estimate] = {}
-    for job in waiting:
-        if result.pending_reasons[job.job_id].startswith(NEVER_PREFIX):
-            continue
-        reserved = result.estimated_start.get(job.job_id)
-        if reserved is not None:
-            out[job.job_id] = Estimate(reserved, None)
-            continue
-        found = model.estimate(job)
-        if found is not None:
-            out[job.job_id] = found
-    return out
+    return Estimator().estimates(snapshot, result, now=now)
+
+
+class Estimator:
+    """``start_estimates`` across cycles, for a caller that asks at every cycle (the Celery cycle).
+
+    The model of the cluster (``_Model``: the free state, the ends replayed, each unit's holdings) and
+    each job shape's earliest fit are kept while what they read is unchanged: the running jobs' GPUs,
+    teams, tiers, starts, time limits and stop orders, the plan's placements, reservations and victims
+    with their jobs, the quota tree's guarantees and limits, the topology and the config. A new pending
+    job then costs its own shape once; a cycle where nothing changed costs the comparison.
+
+    Time moves on meanwhile. Until the first end the model has not passed, every end it clamped to its
+    ``now`` stays clamped and every other end stays ahead, so each kept estimate, moved up to the new
+    ``now`` where it was earlier, is what a fresh model gives (``_Model.valid_at``). Past that end, or
+    where an end hangs on ``now`` itself (a stop's grace period, this plan's placements), a kept
+    estimate is at most the time elapsed since the build early (every end moves by at most that much,
+    and none moves earlier): the model is kept for ``keep_s`` seconds at most then, and rebuilt after.
+    tests/property/test_eta_cache.py holds both. ``keep_s`` 0 (the default): exact, always.
+    """
+
+    def __init__(self, *, keep_s: float = 0.0) -> None:
+        self.keep_s = keep_s
+        self._model: _Model | None = None
+        self._key: tuple[object, ...] | None = None
+        self.builds = 0  # models built so far (tests and bench/cycle.py read it)
+
+    def estimates(self, snapshot: Snapshot, result: Plan, *, now: float) -> dict[str, Estimate]:
+        waiting = [j for j in snapshot.pending if j.job_id in result.pending_reasons]
+        if not waiting:
+            return {}
+        model = self._model_for(snapshot, result, now)
+        out: dict[str, Estimate] = {}
+        for job in waiting:
+            if result.pending_reasons[job.job_id].startswith(NEVER_PREFIX):
+                continue
+            reserved = result.estimated_start.get(job.job_id)
+            if reserved is not None:
+                out[job.job_id] = Estimate(reserved, None)
+                continue
+            found = model.estimate(job)
+            if found is not None:
+                out[job.job_id] = found
+        return out
+
+    def with_estimates(self, snapshot: Snapshot, result: Plan, *, now: float) -> Plan:
+        """``with_estimates`` from this estimator's kept model."""
+        return _with(snapshot, result, self.estimates(snapshot, result, now=now))
+
+    def _model_for(self, snapshot: Snapshot, result: Plan, now: float) -> _Model:
+        key = _model_key(snapshot, result)
+        model = self._model
+        if model is not None and key == self._key and (model.valid_at(now) or model.built <= now <= model.built + self.keep_s):
+            model.now = now
+            return model
+        self._model, self._key = _Model(snapshot, result, now), key
+        self.builds += 1
+        return self._model
+
+
+def _model_key(snapshot: Snapshot, result: Plan) -> tuple[object, ...]:
+    """What ``_Model`` reads of the snapshot and the plan, but ``now`` (``_Model.valid_at``) and what
+    changes every cycle without changing an estimate (a checkpoint, decayed usage, the queue's order)."""
+    pending = {j.job_id: j for j in snapshot.pending}
+
+    def job(job_id: str) -> tuple[object, ...] | None:
+        j = pending.get(job_id)
+        if j is None:
+            return None
+        return (j.team, j.tier, j.gpu_type, j.gpu_count, j.time_limit, j.cpus_per_replica, j.memory_mb_per_replica)
+
+    return (
+        snapshot.topology,
+        snapshot.config,
+        [_running_key(j) for j in snapshot.running],
+        [(p.job_id, p.replicas, job(p.job_id)) for p in result.placements],
+        [(r.job_id, r.gpus, r.earliest_start, job(r.job_id)) for r in result.reservations],
+        [p.job_id for p in result.preemptions],
+        [(u.name, u.parent, u.guaranteed, u.limit) for u in snapshot.quotas],
+    )
+
+
+def _running_key(j: RunningJob) -> tuple[object, ...]:
+    return (
+        j.job_id,
+        j.team,
+        j.tier,
+        j.gpu_type,
+        j.replicas,
+        j.start,
+        j.time_limit,
+        j.terminating,
+        j.cpus_per_replica,
+        j.memory_mb_per_replica,
+    )
 
 
 def with_estimates(snapshot: Snapshot, result: Plan, *, now: float) -> Plan:
@@ -89,12 +173,17 @@ def with_estimates(snapshot: Snapshot, result: Plan, *, now: float) -> Plan:
     The cycle writes this plan's ``estimated_start`` and ``pending_reasons``, and the admission preview
     (``admit``) reads the same, so the portal, the API and the preview give one number.
     """
-    estimates = start_estimates(snapshot, result, now=now)
+    return _with(snapshot, result, start_estimates(snapshot, result, now=now))
+
+
+def _with(snapshot: Snapshot, result: Plan, estimates: Mapping[str, Estimate]) -> Plan:
     reasons_out = dict(result.pending_reasons)
-    names = {r.job_id: r.name for r in snapshot.running}
+    names: dict[str, str] | None = None
     for job_id, estimate in estimates.items():
         why = reasons_out[job_id]
         if estimate.after_job is not None and _is_quota_wait(why) and "when job" not in why:
+            if names is None:
+                names = {r.job_id: r.name for r in snapshot.running}
             after = reasons.job_label(estimate.after_job, names.get(estimate.after_job, ""))
             reasons_out[job_id] = f"{why}; frees up when job {after} ends"
     return replace(
@@ -136,33 +225,46 @@ class _Model:
 
     def __init__(self, snapshot: Snapshot, result: Plan, now: float) -> None:
         self.snap, self.now, self.cfg = snapshot, now, snapshot.config
+        self.built = now
         self.ix: TopoIndex = topo_index(snapshot.topology)
         loc = self.ix.gpu_loc
         pending = {j.job_id: j for j in snapshot.pending}
         grace_end = now + self.cfg.grace_period_s
         victims = {p.job_id for p in result.preemptions}
         reserved_locs: set[Loc] = {loc[g] for r in result.reservations for g in r.gpus if g in loc}
+        # The running jobs' GPUs as the plan of the same snapshot found them (``running_locs``).
+        found = running_locs(self.ix, snapshot.running)
+        limited = self.ix.limited
         busy: list[Loc] = []
-        held: dict[Loc, tuple[int, int]] = {}
+        held: dict[Loc, tuple[int, int]] = dict(found.held)
         releases: list[Release] = []
         self.holdings: list[_Holding] = []
+        # The first end after ``now`` (``valid_at``), and whether an end hangs on ``now`` itself.
+        self.horizon = math.inf
+        self.now_bound = bool(result.placements)
         for j in snapshot.running:
-            carried(held, loc, j.replicas, j.cpus_per_replica, j.memory_mb_per_replica)
             end = j.start + j.time_limit
-            if j.terminating or j.job_id in victims:
-                end = min(end, grace_end)
-            end = max(end, now)
-            locs = _locs(loc, (g for r in j.replicas for g in r))
-            busy.extend(locs)
+            if (j.terminating or j.job_id in victims) and grace_end < end:
+                end = grace_end
+                self.now_bound = True
+            if end > now:
+                if end < self.horizon:
+                    self.horizon = end
+            else:
+                end = now
+            mine = found.locs[j.job_id]
+            busy.extend(mine)
             # A reserved GPU is not free when its current job ends: the reservation's job takes it then.
-            releases.append(Release(end, j.job_id, tuple(x for x in locs if x not in reserved_locs)))
-            self.holdings.append(_Holding(j.job_id, j.team, j.gpu_type, j.gpu_count, end, j.tier))
+            if reserved_locs:
+                mine = tuple([x for x in mine if x not in reserved_locs])
+            releases.append(Release(end, j.job_id, mine))
+            self.holdings.append(_Holding(j.job_id, j.team, j.gpu_type, sum(map(len, j.replicas)), end, j.tier))
         for p in result.placements:
             job = pending.get(p.job_id)
             locs = _locs(loc, (g for r in p.replicas for g in r))
             end = now + (job.time_limit if job is not None else 0.0)
             busy.extend(locs)
-            if job is not None:
+            if job is not None and limited:
                 carried(held, loc, p.replicas, job.cpus_per_replica, job.memory_mb_per_replica)
             releases.append(Release(end, p.job_id, tuple(x for x in locs if x not in reserved_locs)))
             if job is not None:
@@ -173,20 +275,28 @@ class _Model:
             locs = _locs(loc, r.gpus)
             busy.extend(locs)
             releases.append(Release(end, r.job_id, tuple(locs)))
+            if now < end < self.horizon:
+                self.horizon = end
             if job is not None:
                 self.holdings.append(_Holding(r.job_id, job.team, job.gpu_type, job.gpu_count, end, job.tier))
-        releases.sort(key=lambda rel: (rel.end, rel.job_id))
+        releases.sort(key=_END_AND_ID)
         self.releases = releases
         self.free = FreeState(self.ix, busy, held)
         self.quota = QuotaState(snapshot.quotas, ())
         self._by_unit: dict[tuple[str, str], list[_Holding]] = {}
-        for h in sorted(self.holdings, key=lambda h: (h.end, h.job_id)):
+        for h in sorted(self.holdings, key=_BY_END):
             for unit in self.quota.chain(h.team):
                 self._by_unit.setdefault((unit, h.gpu_type), []).append(h)
-        self._fits: dict[tuple[str, int, int, bool, int, int, bool, bool, frozenset[str]], Estimate | None] = {}
+        # shape -> (the end after which it fits, the first job ending then), or None: never.
+        self._fits: dict[tuple[str, int, int, bool, int, int, bool, bool, frozenset[str]], tuple[float, str] | None] = {}
         # (unit, type, tier) -> the unit's holdings of tiers 1..tier by end time, and the GPUs their ends
         # free so far (a running sum): built once, read by every pending job of the unit (``_room``).
         self._runs: dict[tuple[str, str, int], tuple[list[_Holding], list[int]]] = {}
+
+    def valid_at(self, now: float) -> bool:
+        """Whether this model, built at ``self.built``, answers as one built at ``now`` would (once its
+        ``now`` is set to it): no end lies between the two, and no end was set from the old ``now``."""
+        return now == self.built or (not self.now_bound and self.built <= now < self.horizon)
 
     def estimate(self, job: PendingJob) -> Estimate | None:
         capacity = self._capacity(job)
@@ -208,10 +318,15 @@ class _Model:
             if found is None:
                 self._fits[key] = None
             else:
-                start = max(found[0], self.now)
-                ending = [r.job_id for r in self.releases if r.end == found[0]]
-                self._fits[key] = Estimate(start, ending[0] if ending and start > self.now else None)
-        return self._fits[key]
+                at = bisect_left(self.releases, found[0], key=_END)
+                self._fits[key] = (found[0], self.releases[at].job_id)
+        fit = self._fits[key]
+        if fit is None:
+            return None
+        # Kept from a model built at an earlier ``now`` (``Estimator``): an end it had clamped to that
+        # ``now`` is the new ``now``, and no end lies between the two.
+        start = max(fit[0], self.now)
+        return Estimate(start, fit[1] if start > self.now else None)
 
     def _quota(self, job: PendingJob) -> Estimate | None:
         """The earliest moment every unit of the job's chain has room for it (never: None)."""

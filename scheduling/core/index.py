@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from scheduling.core.types import Topology
+from scheduling.core.types import RunningJob, Topology
 
 # Domain levels inside a node; the values match Locality.NVLINK/PCIE/NODE.
 NVLINK, PCIE, NODE = 0, 1, 2
@@ -179,6 +179,15 @@ class TopoIndex:
         self._shape_cap: dict[tuple[str, int], int] = {}
         self._leaf_cap: dict[tuple[str, int], int] = {}
         self._fabric_cap: dict[tuple[str, int], int] = {}
+        self._ready: dict[str, list[bool]] = {}
+        self.leaf_of_node: list[int] = [n.leaf for n in self.nodes]
+
+    def ready_of_type(self, gpu_type: str) -> list[bool]:
+        """Per node: whether it is schedulable and of ``gpu_type`` (a replay of thousands of ends asks per GPU)."""
+        found = self._ready.get(gpu_type)
+        if found is None:
+            found = self._ready[gpu_type] = [n.schedulable and n.gpu_type == gpu_type for n in self.nodes]
+        return found
 
     def allowed_for(self, needs: frozenset[str]) -> frozenset[int] | None:
         """The nodes that have every capability in ``needs``; None: no need, every node may take it."""
@@ -267,3 +276,45 @@ def topo_index(topology: Topology) -> TopoIndex:
     # Holding the topology keeps its id from being reused by another object.
     _CACHE[id(topology)] = (topology, ix)
     return ix
+
+
+_RUNNING: list[tuple[TopoIndex, tuple[RunningJob, ...], RunningLocs]] = []
+
+
+@dataclass(frozen=True)
+class RunningLocs:
+    """Each running job's GPUs as (node index, position), and the cores and memory each busy GPU carries
+    (``carried``; only where some node is limited by them, ``TopoIndex.limited``)."""
+
+    locs: Mapping[str, tuple[Loc, ...]]
+    held: Mapping[Loc, tuple[int, int]]
+
+
+def running_locs(ix: TopoIndex, running: tuple[RunningJob, ...]) -> RunningLocs:
+    """``RunningLocs`` of ``running``, reused while the caller passes the same tuple (plan() and the
+    estimated starts read the same snapshot: thousands of jobs, once)."""
+    if _RUNNING and _RUNNING[0][0] is ix and _RUNNING[0][1] is running:
+        return _RUNNING[0][2]
+    gpu_loc = ix.gpu_loc
+    locs: dict[str, tuple[Loc, ...]] = {}
+    held: dict[Loc, tuple[int, int]] = {}
+    for j in sorted(running, key=_JOB_ID):
+        locs[j.job_id] = _locs(gpu_loc, j.replicas)
+        if ix.limited:
+            carried(held, gpu_loc, j.replicas, j.cpus_per_replica, j.memory_mb_per_replica)
+    found = RunningLocs(locs, held)
+    # Holding the tuple keeps its id from being reused by another object.
+    _RUNNING[:] = [(ix, running, found)]
+    return found
+
+
+def _JOB_ID(j: RunningJob) -> str:
+    return j.job_id
+
+
+def _locs(gpu_loc: Mapping[str, Loc], replicas: tuple[tuple[str, ...], ...]) -> tuple[Loc, ...]:
+    """(node index, position) of each GPU; GPUs the topology lacks (a removed node) are skipped."""
+    try:
+        return tuple([gpu_loc[g] for r in replicas for g in r])
+    except KeyError:
+        return tuple([gpu_loc[g] for r in replicas for g in r if g in gpu_loc])

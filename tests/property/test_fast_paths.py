@@ -76,6 +76,7 @@ def reference_core() -> Iterator[None]:
         _Planner.lend_to_one_node,
         Reclaimer.count_in_one_leaf,
         backfill.COUNT_MULTI_NODE,
+        backfill.COUNT_ONE_NODE,
         backfill._apply,
         placement._single_node,
         QuotaState.within_guarantee,
@@ -83,6 +84,7 @@ def reference_core() -> Iterator[None]:
     )
     _Planner.lend_to_one_node = False
     backfill.COUNT_MULTI_NODE = False
+    backfill.COUNT_ONE_NODE = False
     Reclaimer.count_in_one_leaf = False
     backfill._apply = _apply_job_by_job
     placement._single_node = _single_node_always_picking
@@ -95,6 +97,7 @@ def reference_core() -> Iterator[None]:
             _Planner.lend_to_one_node,
             Reclaimer.count_in_one_leaf,
             backfill.COUNT_MULTI_NODE,
+            backfill.COUNT_ONE_NODE,
             backfill._apply,
             placement._single_node,
             QuotaState.within_guarantee,
@@ -107,11 +110,13 @@ def reference_plan(snap: Snapshot, now: float):
         return plan(snap, now=now)
 
 
-def fast_plan(snap: Snapshot, now: float):
+def fast_plan(snap: Snapshot, now: float, *, first_by_node: bool = False):
     """plan() with the fast paths, failing if a counted search ever had to fall back to the plain one
     (its counts said a gang fits, the search said no): that would be a bug in the counts, harmless to
-    the decisions but invisible without this check."""
-    plain, counted = Reclaimer._prefix_plain, backfill._earliest_in_counts
+    the decisions but invisible without this check. ``first_by_node``: the counted search counts its
+    first end time node by node however few jobs end then (it does from ``backfill._FIRST_BY_NODE``
+    jobs on, more than these small snapshots hold)."""
+    plain, counted, one_node = Reclaimer._prefix_plain, backfill._earliest_in_counts, backfill._earliest_on_one_node
 
     def no_fallback(self, st, job, usable, one_leaf):
         assert not (one_leaf and job.gpu_count > self.ix.type_max_node.get(job.gpu_type, 0)), "counted prefix fell back"
@@ -122,11 +127,21 @@ def fast_plan(snap: Snapshot, now: float):
         assert agreed, "counted earliest fit fell back"
         return agreed, found
 
+    def agreeing_on_one_node(*args):
+        agreed, found = one_node(*args)
+        assert agreed, "counted earliest fit on one node fell back"
+        return agreed, found
+
     Reclaimer._prefix_plain, backfill._earliest_in_counts = no_fallback, agreeing
+    backfill._earliest_on_one_node = agreeing_on_one_node
+    threshold = backfill._FIRST_BY_NODE
+    if first_by_node:
+        backfill._FIRST_BY_NODE = 0
     try:
         return plan(snap, now=now)
     finally:
-        Reclaimer._prefix_plain, backfill._earliest_in_counts = plain, counted
+        Reclaimer._prefix_plain, backfill._earliest_in_counts, backfill._earliest_on_one_node = plain, counted, one_node
+        backfill._FIRST_BY_NODE = threshold
 
 
 # --------------------------------------------------------------------------- snapshots that lend
@@ -232,9 +247,9 @@ def reclaim_snapshots(draw: st.DrawFn) -> Snapshot:
 
 
 @FAST
-@given(snapshots())
-def test_fast_paths_plan_as_the_reference_on_random_snapshots(snap):
-    assert fast_plan(snap, NOW) == reference_plan(snap, NOW)
+@given(snapshots(), st.booleans())
+def test_fast_paths_plan_as_the_reference_on_random_snapshots(snap, first_by_node):
+    assert fast_plan(snap, NOW, first_by_node=first_by_node) == reference_plan(snap, NOW)
 
 
 @FAST
@@ -244,9 +259,9 @@ def test_fast_paths_plan_as_the_reference_when_reservations_lend_gpus(snap):
 
 
 @FAST
-@given(reclaim_snapshots())
-def test_fast_paths_plan_as_the_reference_when_gangs_reclaim_a_leaf(snap):
-    assert fast_plan(snap, NOW) == reference_plan(snap, NOW)
+@given(reclaim_snapshots(), st.booleans())
+def test_fast_paths_plan_as_the_reference_when_gangs_reclaim_a_leaf(snap, first_by_node):
+    assert fast_plan(snap, NOW, first_by_node=first_by_node) == reference_plan(snap, NOW)
 
 
 def test_one_node_lending_places_a_short_job_on_held_gpus_as_the_reference_does():
@@ -273,7 +288,11 @@ def test_one_node_lending_places_a_short_job_on_held_gpus_as_the_reference_does(
 
 def test_reference_core_puts_the_fast_paths_back():
     with reference_core():
-        assert (_Planner.lend_to_one_node, Reclaimer.count_in_one_leaf, backfill.COUNT_MULTI_NODE) == (False,) * 3
+        assert (_Planner.lend_to_one_node, Reclaimer.count_in_one_leaf, backfill.COUNT_MULTI_NODE, backfill.COUNT_ONE_NODE) == (
+            False,
+        ) * 4
         assert backfill._apply is _apply_job_by_job
-    assert (_Planner.lend_to_one_node, Reclaimer.count_in_one_leaf, backfill.COUNT_MULTI_NODE) == (True,) * 3
+    assert (_Planner.lend_to_one_node, Reclaimer.count_in_one_leaf, backfill.COUNT_MULTI_NODE, backfill.COUNT_ONE_NODE) == (
+        True,
+    ) * 4
     assert backfill._apply is not _apply_job_by_job
