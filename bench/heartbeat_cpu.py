@@ -46,12 +46,15 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--beats", type=int, default=300, help="timed beats of each kind")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--keep-db", help="use (and keep) this database; built the first time (one checkout's code only)")
     args = parser.parse_args()
     import psycopg
 
-    name = f"yard_bench_hb_{uuid.uuid4().hex[:8]}"
+    name = args.keep_db or f"yard_bench_hb_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        args.fresh = not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        if args.fresh:
+            conn.execute(f'CREATE DATABASE "{name}"')
     os.environ.update(
         DATABASE_URL=f"{PG}/{name}",
         REDIS_URL=os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/11"),
@@ -71,8 +74,9 @@ def main() -> None:
         from django.db import connections
 
         connections.close_all()
-        with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        if not args.keep_db:
+            with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 
 def build(nodes: int) -> dict[str, tuple[str, list[int]]]:
@@ -170,8 +174,12 @@ def run(args: argparse.Namespace) -> None:
     from django.test.utils import CaptureQueriesContext
 
     began = time.monotonic()
-    call_command("migrate", verbosity=0)
-    fleet = build(args.nodes)
+    kept = Path(os.environ["YARD_VAR_DIR"]) / "fleet.json"
+    if args.fresh:
+        call_command("migrate", verbosity=0)
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(json.dumps(build(args.nodes)))
+    fleet: dict[str, tuple[str, list[int]]] = json.loads(kept.read_text())
     names = sorted(fleet)
     print(f"code: {CODE}")
     print(f"state: {len(names)} READY nodes x 8 H100, {sum(len(t) for _, t in fleet.values())} one-GPU tasks RUNNING "
