@@ -46,7 +46,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.benchlib import result, use_code
-from bench.stack import Stack, cpu_seconds, pct
+from bench.stack import PG, Stack, cpu_seconds, pct
 
 use_code()
 
@@ -228,7 +228,7 @@ def main() -> None:
         print(f"warm-up: every agent's first heartbeat, before the window: {first.count(200)} answered 200 in "
               f"{time.monotonic() - began:.0f} s")  # fmt: skip
         web = stack.web_pids()
-        pg_before = _pg_cpu(stack)
+        pg_cpu = PgCpu(stack)
         cpu_before = cpu_seconds(web)
         log_before = (stack.tmp / "web.log").stat().st_size
         # The window, on the monotonic clock every client process shares (Linux: one for the machine);
@@ -239,13 +239,14 @@ def main() -> None:
         slices = [agents[i :: args.processes] for i in range(args.processes)]
         ctx = multiprocessing.get_context("fork")
         with ctx.Pool(args.processes) as pool:
+            pg_cpu.start()  # after the fork: the clients get no copy of a thread
             results = pool.starmap(
                 _drive,
                 [(stack.port, part, start, until, args.drivers // args.processes, seed) for seed, part in enumerate(slices)],
             )
         ran = time.monotonic() - start
         cpu = cpu_seconds(web) - cpu_before
-        pg = _pg_cpu(stack) - pg_before
+        pg = pg_cpu.finish()
         beats = [b for r in results for b in r["beats"]]
         unsent = sum(r["unsent"] for r in results)
         queries = [q for r in results for q in r["queries"]]
@@ -384,9 +385,41 @@ def _server_times(log: Path, since: int) -> list[float]:
     return [float(m) for m in re.findall(r'"POST /api/agent/v1/heartbeat HTTP/1.1" 200 \d+ (\d+)ms', text)]
 
 
-def _pg_cpu(stack: Stack) -> float:
-    pids = {int(p) for (p,) in stack.sql("SELECT pid FROM pg_stat_activity WHERE datname = %s", (stack.db,))}
-    return cpu_seconds(pids)
+class PgCpu(threading.Thread):
+    """The CPU of the bench database's PostgreSQL backends over the run, polled every half second: a web
+    thread's connection ends after CONN_MAX_AGE and a new backend takes its place, so two readings of the
+    backends alive at the start and the end (what this bench did before) lost the CPU of every backend
+    that came and went between them, and could come out negative. One that ends loses at most its last
+    half second here."""
+
+    def __init__(self, stack: Stack) -> None:
+        import psycopg
+
+        super().__init__(daemon=True)
+        self.db = stack.db
+        self.conn = psycopg.connect(f"{PG.rstrip('/')}/{stack.db}", autocommit=True)  # one, its own backend not counted
+        self.first: dict[int, float] = {}  # a backend's CPU when first seen (0 for one born during the run)
+        self.last: dict[int, float] = {}
+        self.done = threading.Event()
+        self.poll(initial=True)
+
+    def poll(self, *, initial: bool = False) -> None:
+        query = "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
+        pids = {int(p) for (p,) in self.conn.execute(query, (self.db,)).fetchall()}
+        for pid in pids:
+            self.last[pid] = cpu_seconds({pid})
+            self.first.setdefault(pid, self.last[pid] if initial else 0.0)
+
+    def run(self) -> None:
+        while not self.done.wait(0.5):
+            self.poll()
+
+    def finish(self) -> float:
+        self.done.set()
+        self.join()
+        self.poll()
+        self.conn.close()
+        return sum(self.last[pid] - self.first[pid] for pid in self.last)
 
 
 if __name__ == "__main__":
