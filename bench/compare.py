@@ -29,6 +29,7 @@ from bench.benchlib import HERE, results
 # Each bench with the arguments `make bench` gives it, and the smaller ones --quick gives it.
 BENCHES: dict[str, tuple[list[str], list[str]]] = {
     "heartbeat": ([], ["--quick"]),
+    "heartbeat_cpu": ([], ["--beats", "100"]),
     "core_plan": ([], ["--quick"]),
     "cycle": ([], ["--quick"]),
     "api_submit": ([], ["--quick"]),

@@ -10,10 +10,22 @@ in the database: N nodes with their tokens, 8 one-GPU jobs RUNNING on each, and 
 so every cycle has real work. The agents are light clients (the agent's own heartbeat builder,
 nodeagent.heartbeat, over simulated GPUs, so the bodies are exactly what agents send, with telemetry
 folded into minute windows), each on its own schedule at the default 10 s interval, a connection per
-heartbeat as the agent's urllib client makes. It prints latency (p50/p99 as the clients saw it), the web tier's CPU per heartbeat
-(utime + stime of the gunicorn processes over the run, divided by the heartbeats served), PostgreSQL's
-CPU beside it, SQL statements per heartbeat (counted by the server: YARD_QUERY_COUNT_HEADER), and what
-the liveness checks did meanwhile (nodes NOT_READY or DOWN, jobs requeued).
+heartbeat as the agent's urllib client makes.
+
+Every agent sends its first heartbeat before the measurement (a first one carries the latest readings
+and the node's health facts). Then, over a fixed window of --seconds (each agent's first due time falls
+in its first interval), it measures: which beats carried readings or windows (the mix moves with the
+clients' timing, so two runs compare where it is alike); the rate, as heartbeats answered 200 *within* the window divided by the window (not by the
+time the clients took, which runs over when they fall behind); the latency of each heartbeat from the
+moment it was *due* on its agent's schedule to its answer, so time a beat spent waiting for its client
+(queueing on a loaded machine) counts, as it would for an agent whose silence clock runs; beside it,
+how late the clients sent (send - due) and the latency from the send alone, to tell the client's
+delay from the server's. Beats due in the window but not sent by its end are counted, not timed. Also
+the server's own time (gunicorn's access log), the web tier's CPU per heartbeat (utime + stime of the
+gunicorn processes over the run, divided by all heartbeats it answered then), PostgreSQL's CPU beside
+it (all backends of the bench's database: the worker's cycles included), SQL statements per heartbeat
+(counted by the server: YARD_QUERY_COUNT_HEADER), and what the liveness checks did meanwhile (nodes
+NOT_READY or DOWN, jobs requeued).
 """
 
 from __future__ import annotations
@@ -28,13 +40,18 @@ import re
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.stack import Stack, cpu_seconds, pct
-from nodeagent.heartbeat import Telemetry
-from nodeagent.simgpu import SimulatedGpus, gpus_from_spec
+from bench.benchlib import result, use_code
+from bench.stack import PG, Stack, cpu_seconds, pct
+
+use_code()
+
+from nodeagent.heartbeat import Telemetry  # noqa: E402 - the measured checkout's agent
+from nodeagent.simgpu import SimulatedGpus, gpus_from_spec  # noqa: E402
 
 INTERVAL_S = 10.0
 
@@ -55,55 +72,67 @@ class SimAgent:
         return {"gpus": gpus, "windows": windows, "tasks": self.tasks, "draining_reason": None}, (xids, nwindows, bool(gpus))
 
 
-class Driver(threading.Thread):
-    """Sends the heartbeats of its agents at their times, a connection each (as the agent does)."""
+def send(port: int, agent: SimAgent) -> tuple[int, int, str, str]:
+    """One heartbeat of ``agent``, a connection of its own (as the agent's urllib makes: the server spreads them
+    over its workers as they come, which keep-alive connections pinned to one worker would not).
+    Returns (HTTP status or 0, SQL statements, what it carried, the error if any)."""
+    body, ack = agent.body(time.time())
+    carried = ("r" if ack[2] else "") + ("w" if ack[1] else "")
+    headers = {"Authorization": f"Bearer {agent.token}", "Content-Type": "application/json", "Connection": "close"}
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        conn.request("POST", "/api/agent/v1/heartbeat", body=json.dumps(body, separators=(",", ":")), headers=headers)
+        response = conn.getresponse()
+        response.read()
+    except (OSError, http.client.HTTPException) as exc:
+        return 0, 0, carried, type(exc).__name__
+    finally:
+        conn.close()
+    if response.status != 200:
+        return response.status, 0, carried, str(response.status)
+    agent.telemetry.acknowledged(sent_xids=ack[0], windows=ack[1], latest=ack[2])
+    return 200, int(response.getheader("X-Yard-Queries") or 0), carried, ""
 
-    def __init__(self, port: int, agents: list[SimAgent], *, until: float, rng: random.Random) -> None:
+
+class Driver(threading.Thread):
+    """Sends the heartbeats of its agents at their times, a connection each (as the agent does).
+
+    Each beat is recorded as (due, sent, answered, status, carried): due on the agent's schedule, from ``start``
+    (its first within the first interval) every INTERVAL_S until ``until``; a beat still unsent at
+    ``until`` is recorded unsent, and the driver stops.
+    """
+
+    def __init__(self, port: int, agents: list[SimAgent], *, start: float, until: float, rng: random.Random) -> None:
         super().__init__(daemon=True)
         self.port, self.agents, self.until = port, agents, until
-        self.due = {a.name: time.monotonic() + rng.uniform(0, INTERVAL_S) for a in agents}
-        self.latencies: list[float] = []
+        self.due = {a.name: start + rng.uniform(0, INTERVAL_S) for a in agents}
+        # due, sent, answered, HTTP status (0: no answer), what it carried ("" nothing, "r" readings, "w" windows)
+        self.beats: list[tuple[float, float, float, int, str]] = []
+        self.unsent = 0  # due within the window, not sent by its end
         self.queries: list[int] = []
         self.errors: dict[str, int] = {}
-        self.late: list[float] = []  # how far behind its schedule each heartbeat went out
 
     def run(self) -> None:
         by_name = {a.name: a for a in self.agents}
-        while True:
+        while self.due:
             name, due = min(self.due.items(), key=lambda kv: kv[1])
+            if due >= self.until:
+                break
             now = time.monotonic()
-            if due > self.until:
+            if now >= self.until:
+                self.unsent += sum(math.ceil((self.until - d) / INTERVAL_S) for d in self.due.values() if d < self.until)
                 break
             if due > now:
                 time.sleep(due - now)
-            agent = by_name[name]
-            body, ack = agent.body(time.time())
-            payload = json.dumps(body, separators=(",", ":"))
-            began = time.monotonic()
-            self.late.append(began - due)
-            headers = {"Authorization": f"Bearer {agent.token}", "Content-Type": "application/json"}
-            response = None
-            # A connection per heartbeat, as the agent's client (urllib) makes: the server spreads them over
-            # its workers as they come, which keep-alive connections pinned to one worker would not.
-            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-            try:
-                conn.request("POST", "/api/agent/v1/heartbeat", body=payload, headers={**headers, "Connection": "close"})
-                response = conn.getresponse()
-                response.read()
-            except (OSError, http.client.HTTPException) as exc:
-                self.errors[type(exc).__name__] = self.errors.get(type(exc).__name__, 0) + 1
-            finally:
-                conn.close()
-            if response is None:
-                self.due[name] = due + INTERVAL_S
-                continue
-            self.latencies.append(time.monotonic() - began)
-            if response.status == 200:
-                agent.telemetry.acknowledged(sent_xids=ack[0], windows=ack[1], latest=ack[2])
-                self.queries.append(int(response.getheader("X-Yard-Queries") or 0))
-            else:
-                self.errors[str(response.status)] = self.errors.get(str(response.status), 0) + 1
+            sent = time.monotonic()
+            status, queries, carried, error = send(self.port, by_name[name])
+            answered = time.monotonic()
+            self.beats.append((due, sent, answered, status, carried))
             self.due[name] = due + INTERVAL_S
+            if error:
+                self.errors[error] = self.errors.get(error, 0) + 1
+            if status == 200:
+                self.queries.append(queries)
 
 
 SETUP = """
@@ -131,8 +160,8 @@ jobs = Job.objects.bulk_create(
 )
 gpus = list(Gpu.objects.order_by("node_id", "index").values_list("id", "node_id", "index"))
 tasks = Task.objects.bulk_create(
-    Task(job=job, attempt=1, rank=0, node_id=node_id, state=TaskState.RUNNING, master_addr="10.0.0.1",
-         master_port=29500 + index, gpu_indices=[index], started_at=started, pid=10000 + i)
+    Task(job=job, attempt=1, rank=0, node_id=node_id, state=TaskState.RUNNING,
+         master_addr=f"10.{{node_id // 256}}.{{node_id % 256}}.1", master_port=29500 + index, gpu_indices=[index], started_at=started, pid=10000 + i)
     for i, (job, (gpu_id, node_id, index)) in enumerate(zip(jobs, gpus))
 )
 Allocation.objects.bulk_create(
@@ -191,42 +220,130 @@ def main() -> None:
         agents = [
             SimAgent(name, token, made["tasks"].get(name, []), started_at) for name, token in sorted(made["tokens"].items())
         ]
-        until_in = args.seconds
+        # Every agent's first heartbeat before the window, not measured: it carries what a first one does
+        # (the latest readings, the node's health facts) and would otherwise be most of a short run's beats.
+        began = time.monotonic()
+        with ThreadPoolExecutor(16) as pool:
+            first = list(pool.map(lambda a: send(stack.port, a)[0], agents))
+        print(f"warm-up: every agent's first heartbeat, before the window: {first.count(200)} answered 200 in "
+              f"{time.monotonic() - began:.0f} s")  # fmt: skip
         web = stack.web_pids()
-        pg_before = _pg_cpu(stack)
+        pg_cpu = PgCpu(stack)
         cpu_before = cpu_seconds(web)
         log_before = (stack.tmp / "web.log").stat().st_size
-        t0 = time.monotonic()
+        # The window, on the monotonic clock every client process shares (Linux: one for the machine);
+        # its start leaves the client processes time to fork.
+        start = time.monotonic() + 2.0
+        until = start + args.seconds
         # The clients in several processes (threads of one would starve on its own interpreter lock).
         slices = [agents[i :: args.processes] for i in range(args.processes)]
         ctx = multiprocessing.get_context("fork")
         with ctx.Pool(args.processes) as pool:
+            pg_cpu.start()  # after the fork: the clients get no copy of a thread
             results = pool.starmap(
-                _drive, [(stack.port, part, until_in, args.drivers // args.processes, seed) for seed, part in enumerate(slices)]
+                _drive,
+                [(stack.port, part, start, until, args.drivers // args.processes, seed) for seed, part in enumerate(slices)],
             )
-        wall = time.monotonic() - t0
+        ran = time.monotonic() - start
         cpu = cpu_seconds(web) - cpu_before
-        pg = _pg_cpu(stack) - pg_before
-        lat = [x for r in results for x in r["latencies"]]
+        pg = pg_cpu.finish()
+        beats = [b for r in results for b in r["beats"]]
+        unsent = sum(r["unsent"] for r in results)
         queries = [q for r in results for q in r["queries"]]
-        late = [x for r in results for x in r["late"]]
         errors: dict[str, int] = {}
         for r in results:
             for k, v in r["errors"].items():
                 errors[k] = errors.get(k, 0) + v
+        ok = [b for b in beats if b[3] == 200]
+        in_window = [b for b in ok if b[2] <= until]
+        rate = len(in_window) / args.seconds
+        from_due = [b[2] - b[0] for b in ok]
+        from_send = [b[2] - b[1] for b in ok]
+        late = [b[1] - b[0] for b in beats]
+        readings, windows = sum("r" in b[4] for b in ok), sum("w" in b[4] for b in ok)
         server = _server_times(stack.tmp / "web.log", log_before)
-        served = len(queries)
-        print(f"web tier: gunicorn {args.web_workers} workers x {args.web_threads} threads")
-        print(f"heartbeats: {args.agents} agents at {INTERVAL_S:.0f} s for {wall:.0f} s: {served} answered 200 "
-              f"({served / wall:.1f}/s), errors {errors or 'none'}")  # fmt: skip
-        print(f"latency as the agents saw it: p50 {1000 * pct(lat, 50):.1f} ms, p99 {1000 * pct(lat, 99):.1f} ms, "
-              f"max {1000 * max(lat or [0]):.0f} ms; sent late by p99 {1000 * pct(late, 99):.0f} ms (client load)")  # fmt: skip
+        offered = args.agents / INTERVAL_S
+        due_in_window = len(beats) + unsent
+        where = f"real gunicorn {args.web_workers}x{args.web_threads}, PostgreSQL, worker and beat; {args.agents} agents at {INTERVAL_S:.0f} s"
+        print(f"web tier: gunicorn {args.web_workers} workers x {args.web_threads} threads; clients: {args.processes} processes, "
+              f"{args.drivers} threads, a connection per heartbeat")  # fmt: skip
+        print(f"window: {args.seconds:.0f} s; the clients finished {max(ran - args.seconds, 0):.1f} s after its end (a beat "
+              f"answered after it is not in the rate)")  # fmt: skip
+        print(f"heartbeats due in the window: {due_in_window} ({offered:.1f}/s offered); sent {len(beats)}, not sent by its end "
+              f"{unsent}; answered 200: {len(ok)}, of which {len(in_window)} within the window; errors {errors or 'none'}")  # fmt: skip
+        print(f"rate: {rate:.1f}/s answered within the window (of {offered:.1f}/s offered)")
+        # The agent's builder sends readings when a GPU's use moved or a minute closed: how many did depends on
+        # the clients' timing, so two runs compare only where this mix is alike.
+        print(f"what the answered beats carried: {100 * readings / max(len(ok), 1):.0f} % the latest readings, "
+              f"{100 * windows / max(len(ok), 1):.0f} % minute windows, the rest neither")  # fmt: skip
+        result(
+            "heartbeat.with_readings_pct",
+            100 * readings / max(len(ok), 1),
+            "%",
+            better="lower",
+            over="the beat mix (not a result)",
+        )
+        print(f"latency from the beat's due time to its answer (the agent's view, client queueing included): "
+              f"p50 {1000 * pct(from_due, 50):.1f} ms, p99 {1000 * pct(from_due, 99):.1f} ms, max {1000 * max(from_due or [0]):.0f} ms")  # fmt: skip
+        print(f"  of which the clients sent late (send - due): p50 {1000 * pct(late, 50):.1f} ms, p99 {1000 * pct(late, 99):.0f} ms, "
+              f"max {1000 * max(late or [0]):.0f} ms (client load on this machine)")  # fmt: skip
+        print(f"  latency from the send alone: p50 {1000 * pct(from_send, 50):.1f} ms, p99 {1000 * pct(from_send, 99):.1f} ms")
         print(f"time in the server (gunicorn's request time): p50 {pct(server, 50):.1f} ms, p99 {pct(server, 99):.1f} ms")
-        print(f"web tier CPU: {1000 * cpu / max(served, 1):.2f} ms per heartbeat ({cpu:.1f} s over {wall:.0f} s, "
-              f"{100 * cpu / wall:.0f} % of one core); PostgreSQL backends {1000 * pg / max(served, 1):.2f} ms per heartbeat")  # fmt: skip
+        served = len(ok)
+        print(f"web tier CPU: {1000 * cpu / max(served, 1):.2f} ms per heartbeat ({cpu:.1f} s over {ran:.0f} s for {served} answered, "
+              f"{100 * cpu / ran:.0f} % of one core); PostgreSQL backends (worker's included) {1000 * pg / max(served, 1):.2f} ms per heartbeat")  # fmt: skip
+        result("heartbeat.rate_per_s", rate, "/s", better="higher", over=f"answered 200 within the window / window; {where}")
+        result("heartbeat.offered_per_s", offered, "/s", better="higher", over="agents / interval (the load, not a result)")
+        result(
+            "heartbeat.latency_from_due_p50_ms",
+            1000 * pct(from_due, 50),
+            "ms",
+            better="lower",
+            over=f"due time to answer; {where}",
+        )
+        result(
+            "heartbeat.latency_from_due_p99_ms",
+            1000 * pct(from_due, 99),
+            "ms",
+            better="lower",
+            over=f"due time to answer; {where}",
+        )
+        result(
+            "heartbeat.client_late_p99_ms",
+            1000 * pct(late, 99),
+            "ms",
+            better="lower",
+            over="send - due: the bench's clients, not the server",
+        )
+        result(
+            "heartbeat.unsent", unsent, "beats", better="lower", over="due in the window, not sent by its end (clients behind)"
+        )
+        result(
+            "heartbeat.latency_from_send_p99_ms", 1000 * pct(from_send, 99), "ms", better="lower", over=f"send to answer; {where}"
+        )
+        result("heartbeat.server_p50_ms", pct(server, 50), "ms", better="lower", over="gunicorn's request time (access log)")
+        result("heartbeat.server_p99_ms", pct(server, 99), "ms", better="lower", over="gunicorn's request time (access log)")
+        result(
+            "heartbeat.web_cpu_ms",
+            1000 * cpu / max(served, 1),
+            "ms",
+            better="lower",
+            over=f"gunicorn utime+stime / heartbeats answered; {where}",
+        )
+        result(
+            "heartbeat.pg_cpu_ms",
+            1000 * pg / max(served, 1),
+            "ms",
+            better="lower",
+            over="PostgreSQL backends of the bench's db (the worker's too) / heartbeats answered",
+        )
         if queries:
             print(f"SQL statements per heartbeat: median {sorted(queries)[len(queries) // 2]}, max {max(queries)} "
                   f"(telemetry once a minute per node)")  # fmt: skip
+            result(
+                "heartbeat.statements_median", sorted(queries)[len(queries) // 2], "stmts", better="lower", over="X-Yard-Queries"
+            )
+            result("heartbeat.statements_max", max(queries), "stmts", better="lower", over="X-Yard-Queries")
         cycles = stack.cycles()
         if cycles:
             print(f"cycles meanwhile: {len(cycles)}, each p50 {pct([c['total'] for c in cycles], 50):.2f} s, "
@@ -237,13 +354,13 @@ def main() -> None:
             f"liveness meanwhile (node-down {args.node_down:.0f} s): nodes {states}; {lost['lost']} jobs lost, "
             f"{lost['requeued']} requeued; {stack.sql('SELECT count(*) FROM scheduling_blindspell')[0][0]} blind spells"
         )
+        result("heartbeat.jobs_requeued", lost["requeued"], "jobs", better="lower", over="liveness checks during the run")
 
 
-def _drive(port: int, agents: list[SimAgent], seconds: float, threads: int, seed: int) -> dict[str, object]:
+def _drive(port: int, agents: list[SimAgent], start: float, until: float, threads: int, seed: int) -> dict[str, object]:
     rng = random.Random(seed)
-    until = time.monotonic() + seconds
     per = math.ceil(len(agents) / max(threads, 1))
-    drivers = [Driver(port, agents[i : i + per], until=until, rng=rng) for i in range(0, len(agents), per)]
+    drivers = [Driver(port, agents[i : i + per], start=start, until=until, rng=rng) for i in range(0, len(agents), per)]
     for d in drivers:
         d.start()
     for d in drivers:
@@ -253,9 +370,9 @@ def _drive(port: int, agents: list[SimAgent], seconds: float, threads: int, seed
         for k, v in d.errors.items():
             errors[k] = errors.get(k, 0) + v
     return {
-        "latencies": [x for d in drivers for x in d.latencies],
+        "beats": [b for d in drivers for b in d.beats],
+        "unsent": sum(d.unsent for d in drivers),
         "queries": [q for d in drivers for q in d.queries],
-        "late": [x for d in drivers for x in d.late],
         "errors": errors,
     }
 
@@ -268,9 +385,41 @@ def _server_times(log: Path, since: int) -> list[float]:
     return [float(m) for m in re.findall(r'"POST /api/agent/v1/heartbeat HTTP/1.1" 200 \d+ (\d+)ms', text)]
 
 
-def _pg_cpu(stack: Stack) -> float:
-    pids = {int(p) for (p,) in stack.sql("SELECT pid FROM pg_stat_activity WHERE datname = %s", (stack.db,))}
-    return cpu_seconds(pids)
+class PgCpu(threading.Thread):
+    """The CPU of the bench database's PostgreSQL backends over the run, polled every half second: a web
+    thread's connection ends after CONN_MAX_AGE and a new backend takes its place, so two readings of the
+    backends alive at the start and the end (what this bench did before) lost the CPU of every backend
+    that came and went between them, and could come out negative. One that ends loses at most its last
+    half second here."""
+
+    def __init__(self, stack: Stack) -> None:
+        import psycopg
+
+        super().__init__(daemon=True)
+        self.db = stack.db
+        self.conn = psycopg.connect(f"{PG.rstrip('/')}/{stack.db}", autocommit=True)  # one, its own backend not counted
+        self.first: dict[int, float] = {}  # a backend's CPU when first seen (0 for one born during the run)
+        self.last: dict[int, float] = {}
+        self.done = threading.Event()
+        self.poll(initial=True)
+
+    def poll(self, *, initial: bool = False) -> None:
+        query = "SELECT pid FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
+        pids = {int(p) for (p,) in self.conn.execute(query, (self.db,)).fetchall()}
+        for pid in pids:
+            self.last[pid] = cpu_seconds({pid})
+            self.first.setdefault(pid, self.last[pid] if initial else 0.0)
+
+    def run(self) -> None:
+        while not self.done.wait(0.5):
+            self.poll()
+
+    def finish(self) -> float:
+        self.done.set()
+        self.join()
+        self.poll()
+        self.conn.close()
+        return sum(self.last[pid] - self.first[pid] for pid in self.last)
 
 
 if __name__ == "__main__":
