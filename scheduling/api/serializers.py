@@ -249,13 +249,36 @@ class JobLogsIn(QueryIn):
 # --------------------------------------------------------------------------- output
 
 
+class FieldsBuiltOnce:
+    """An output serializer whose fields are built once per class, not once per answer: DRF builds a
+    ModelSerializer's fields from the model's options at every instance (about 1.5 ms of a 10 ms job
+    submission). Each instance gets shallow copies of the built, unbound fields, which it binds to itself
+    as DRF binds its own, so no two instances (or threads) share a bound field; a nested list's child is
+    shared, read-only after its first answer, which is why only serializers whose nested lists read no
+    context take this."""
+
+    def get_fields(self) -> dict[str, Any]:
+        cls = type(self)
+        built: dict[str, Any] | None = cls.__dict__.get("_fields_built")
+        if built is None:
+            built = super().get_fields()  # type: ignore[misc]
+            cls._fields_built = built  # type: ignore[attr-defined]
+        return {name: _unbound_copy(field) for name, field in built.items()}
+
+
+def _unbound_copy(field: Any) -> Any:
+    copy = object.__new__(type(field))
+    copy.__dict__.update(field.__dict__)
+    return copy
+
+
 class TeamRefOut(serializers.Serializer[Any]):
     id = serializers.IntegerField()
     slug = serializers.CharField()
     name = serializers.CharField()
 
 
-class JobOut(serializers.ModelSerializer[Any]):
+class JobOut(FieldsBuiltOnce, serializers.ModelSerializer[Any]):
     team = TeamRefOut()
     user = serializers.CharField(source="user.username")
     gpus = serializers.IntegerField(source="gpu_count")
@@ -270,7 +293,7 @@ class JobOut(serializers.ModelSerializer[Any]):
         ]  # fmt: skip
 
 
-class TaskOut(serializers.ModelSerializer[Any]):
+class TaskOut(FieldsBuiltOnce, serializers.ModelSerializer[Any]):
     node = serializers.CharField(source="node.name")
     leaf = serializers.CharField(source="node.leaf.name")
     gpu_indexes = serializers.SerializerMethodField()
