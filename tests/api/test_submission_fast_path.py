@@ -89,3 +89,11 @@ def test_answers_built_in_parallel_threads_are_each_their_own(cast, nodes):
     for t in threads:
         t.join()
     assert wrong == []
+
+
+def test_two_bodies_checked_at_once_keep_their_own_errors_and_values(cast):
+    bad = s.JobSubmitIn(data={"name": "x", "team": "t", "command": "", "replicas": 0, "env": {"A": 1}})
+    good = s.JobSubmitIn(data={"name": "y", "team": "u", "command": "true", "replicas": 3, "env": {"B": "2"}})
+    assert good.is_valid() and not bad.is_valid()
+    assert set(bad.errors) == {"command", "replicas"}
+    assert (good.validated_data["replicas"], good.validated_data["env"]) == (3, {"B": "2"})
