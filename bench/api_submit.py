@@ -37,6 +37,7 @@ import http.client
 import json
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -47,7 +48,7 @@ from urllib.parse import urlsplit
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.benchlib import result, use_code
-from bench.stack import Stack, cpu_seconds, pct
+from bench.stack import PY, ROOT, Stack, cpu_seconds, pct
 
 use_code()  # nothing of the measured code is imported here; the stack runs it (bench/stack.py)
 
@@ -154,6 +155,13 @@ def server_times(stack: Stack, start: int) -> tuple[list[float], int]:
     return taken, shed
 
 
+def web_shape(stack: Stack) -> str:
+    """gunicorn's workers x threads as the measured code's config sets them (its defaults, unless the stack's env says)."""
+    code = "ns = {}; exec(open('portal/gunicorn.conf.py').read(), ns); print(f\"{ns['workers']}x{ns['threads']}\")"
+    done = subprocess.run([PY, "-c", code], cwd=ROOT, env=stack.env, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
 def heartbeat_latencies(stack: Stack) -> list[float]:
     return list(stack.fleet_stats()["calls"].get("heartbeat", {}).get("latencies_s", []))
 
@@ -170,12 +178,14 @@ def main() -> None:
     if args.quick:
         args.agents, args.jobs, args.idle = 125, 800, 15.0
     nodes, fleets = args.agents, max(1, min(4, args.agents // 100))
-    over = (f"gunicorn 2x4 + Celery worker/beat + PostgreSQL + Redis + {nodes} agents over HTTP, "
-            f"{args.clients} keep-alive HTTP clients, {args.queued} queued")  # fmt: skip
     with Stack(nodes=nodes, fleets=fleets) as stack:
+        web = web_shape(stack)
+        over = (f"gunicorn {web} + Celery worker/beat + PostgreSQL + Redis + {nodes} agents over HTTP, "
+                f"{args.clients} keep-alive HTTP clients, {args.queued} queued")  # fmt: skip
         stack.wait_ready()
         stack.token = stack.django(QUEUE_TEAM.format(queued=args.queued)).strip().splitlines()[-1]
-        print(f"code: {stack.env['PYTHONPATH']}; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+        print(f"code: {stack.env['PYTHONPATH']}; gunicorn {web} (its config's defaults); {os.cpu_count()} CPUs, "
+              f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
         print(f"state: {nodes} nodes (agents heartbeating over HTTP in {fleets} fleet processes), {args.queued} jobs "
               f"PENDING; {args.clients} clients post {args.jobs} one-GPU jobs to a team that may hold 8 GPUs")  # fmt: skip
         time.sleep(5)  # the first cycle over the new queue
@@ -188,10 +198,12 @@ def main() -> None:
         idle_beats = heartbeat_latencies(stack)[beats_at:]
 
         log_at = (stack.tmp / "web.log").stat().st_size
+        cycles_at = len(stack.cycles())
         cpu_before = stack.component_cpu()
         beats_at = len(heartbeat_latencies(stack))
         seconds, clients = post_all(stack, args.jobs, args.clients)
         cpu = {k: v - cpu_before.get(k, 0.0) for k, v in stack.component_cpu().items()}
+        cycles = stack.cycles()[cycles_at:]
         time.sleep(1)  # the fleets write their stats files every second
         beats = heartbeat_latencies(stack)[beats_at:]
         taken, shed_logged = server_times(stack, log_at)
@@ -215,6 +227,8 @@ def main() -> None:
     print("CPU while posting: " + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(cpu.items()))
           + f" (of {(os.cpu_count() or 1) * seconds:.0f} core-seconds); the fleet alone kept the web tier at {idle_rate:.2f} cores; "
           f"web CPU per job {1000 * web_job:.1f} ms (that subtracted; postgres counts only its backends alive at both ends)")  # fmt: skip
+    print(f"cycles while posting: {len(cycles)}, {sum(c['total'] for c in cycles):.1f} s in all "
+          f"(the longest {max((c['total'] for c in cycles), default=0):.2f} s)")  # fmt: skip
     print(f"heartbeats: fleet alone {len(idle_beats)}, p50 {1000 * pct(idle_beats, 50):.0f} ms, p99 {1000 * pct(idle_beats, 99):.0f} ms; "
           f"while posting {len(beats)}, p50 {1000 * pct(beats, 50):.0f} ms, p99 {1000 * pct(beats, 99):.0f} ms, "
           f"max {1000 * max(beats or [0]):.0f} ms; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
