@@ -100,8 +100,8 @@ class Stack:
         fleets: int = 4,
         nodes_per_leaf: int = 32,
         leaves_per_spine: int = 4,
-        web_workers: int = 2,
-        web_threads: int = 4,
+        web_workers: int | None = None,
+        web_threads: int | None = None,
         worker_concurrency: int = 2,
         agents: bool = True,
         extra_env: dict[str, str] | None = None,
@@ -138,8 +138,6 @@ class Stack:
             "YARD_AGENT_ENROLMENT_MAX_USES": str(max(1, nodes)),
             "YARD_TOKEN_THROTTLE": "1000000/minute",
             "LOG_LEVEL": "WARNING",
-            "YARD_WEB_WORKERS": str(web_workers),
-            "YARD_WEB_THREADS": str(web_threads),
             "YARD_BIND": f"127.0.0.1:{self.port}",
             "DJANGO_SETTINGS_MODULE": "portal.settings",
             "PYTHONPATH": str(ROOT),
@@ -148,6 +146,13 @@ class Stack:
             "YARD_RENDEZVOUS_PORTS": f"20000-{min(20000 + 16 * max(nodes, 1), 60999)}",
             **(extra_env or {}),
         }
+        # gunicorn's workers and threads: the measured code's own defaults (portal/gunicorn.conf.py, as the
+        # README runs it) unless a bench asks for others.
+        for name, value in (("YARD_WEB_WORKERS", web_workers), ("YARD_WEB_THREADS", web_threads)):
+            if value is not None:
+                self.env[name] = str(value)
+            else:
+                self.env.pop(name, None)
         if asgi:  # where the portal tells callers the ASGI server is (service and SSH tunnel URLs)
             self.env.setdefault("YARD_NOTEBOOK_URL", self.asgi_url)
         if database == "sqlite":

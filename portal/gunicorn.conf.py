@@ -25,7 +25,11 @@ bind = [os.environ.get("YARD_BIND", "127.0.0.1:8000")]
 # connections however many requests arrive (tests/demo/test_gunicorn.py counts them).
 worker_class = "gthread"
 workers = _int("YARD_WEB_WORKERS", 2)
-threads = _int("YARD_WEB_THREADS", 4)
+# Eight, so a worker takes seven requests at once besides heartbeats: a CI system posts over a handful
+# of keep-alive connections, each sticks to one worker, and at four threads (three taken) 8 clients on
+# 2 workers were shed all along, each shed a client's 1 s wait (Retry-After). Threads cost a database
+# connection each, not CPU: the GIL runs one at a time either way.
+threads = _int("YARD_WEB_THREADS", 8)
 # Each worker works on at most threads - 1 requests at once besides heartbeats and /healthz, and sheds
 # the rest with a fast 503 (portal/middleware.py AdmissionMiddleware): a heartbeat always finds a thread.
 os.environ.setdefault("YARD_WEB_INFLIGHT", str(max(threads - 1, 1)))

@@ -221,7 +221,7 @@ if REDIS_URL:
     _REDIS_TIMEOUT_S = env_float("YARD_REDIS_TIMEOUT_S", 1.0, minimum=0.05)
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "BACKEND": "portal.cache.RedisCache",  # Django's, reusing its Redis clients (portal/cache.py)
             "LOCATION": REDIS_URL,
             "OPTIONS": {"socket_connect_timeout": _REDIS_TIMEOUT_S, "socket_timeout": _REDIS_TIMEOUT_S},
         }

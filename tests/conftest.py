@@ -138,6 +138,15 @@ def _fresh_rate_counters() -> Iterator[None]:
     yield
 
 
+@pytest.fixture(autouse=True)
+def _no_cycle_due(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's first change asks for its own cycle: this process's note that one is already due
+    (scheduling/services/common.py) would outlive the cache key that tests clear."""
+    from scheduling.services import common
+
+    monkeypatch.setattr(common, "_cycle_due", 0.0)
+
+
 # Under pytest-xdist (`make test`), tests that share something costly run on one worker, one after
 # another: the browser tests one Chromium and each other's CPU (their fleets and cycle threads, timed
 # by what the page shows), the SSO tests their session's IdP (a Node process), a demo file its module's
