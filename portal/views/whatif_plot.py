@@ -18,6 +18,11 @@ class Line:
     live: str  # SVG polyline points
     draft: str
 
+    @property
+    def dots(self) -> list[tuple[str, str]]:
+        """The draft's points as dots too: a day alone (no neighbour to draw a line to) still shows."""
+        return [tuple(p.split(",", 1)) for p in self.draft.split()]  # type: ignore[misc]
+
 
 @dataclass(frozen=True)
 class WaitPlot:
