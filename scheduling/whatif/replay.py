@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from scheduling.core.plan import plan as core_plan
-from scheduling.core.types import Config, LeafLocality, Plan, QuotaUnit, Snapshot, Tier, Topology
+from scheduling.core.types import Config, LeafLocality, PendingJob, Plan, QuotaUnit, RunningJob, Snapshot, Tier, Topology
 from scheduling.sim.cluster import ClusterShape
 from scheduling.sim.engine import Replay
 from scheduling.sim.replay_types import ReplayConfig, ReplayResult
@@ -104,32 +104,38 @@ class _TreePolicy:
                 self.to_engine[gpu.id] = engine_id
         self.quotas = tuple(quotas)
         self.by_id = {j.job_id: j for j in jobs}
+        self._running: dict[str, tuple[RunningJob, RunningJob]] = {}
+        self._pending: dict[str, tuple[PendingJob, PendingJob]] = {}
 
     def _tree(self, engine_quotas: tuple[QuotaUnit, ...]) -> tuple[QuotaUnit, ...]:
         usage = {u.name: u.usage for u in engine_quotas if u.parent is not None}
         return tuple(replace(u, usage=usage.get(u.name, {})) for u in self.quotas)
 
+    def _real_running(self, r: RunningJob) -> RunningJob:
+        hit = self._running.get(r.job_id)
+        if hit is not None and hit[0] is r:
+            return hit[1]
+        job = self.by_id[r.job_id]
+        to_real = self.to_real
+        real = replace(
+            r, tier=Tier(job.tier), priority=job.priority, replicas=tuple(tuple(to_real[g] for g in rep) for rep in r.replicas)
+        )
+        self._running[r.job_id] = (r, real)
+        return real
+
+    def _real_pending(self, p: PendingJob) -> PendingJob:
+        hit = self._pending.get(p.job_id)
+        if hit is not None and hit[0] is p:
+            return hit[1]
+        job = self.by_id[p.job_id]
+        real = replace(p, tier=Tier(job.tier), priority=job.priority, locality=LeafLocality(job.locality))
+        self._pending[p.job_id] = (p, real)
+        return real
+
     def __call__(self, snapshot: Snapshot, *, now: float) -> Plan:
-        to_real, by_id = self.to_real, self.by_id
-        running = tuple(
-            replace(
-                r,
-                tier=Tier(by_id[r.job_id].tier),
-                priority=by_id[r.job_id].priority,
-                replicas=tuple(tuple(to_real[g] for g in rep) for rep in r.replicas),
-            )
-            for r in snapshot.running
-        )
-        pending = tuple(
-            replace(
-                p,
-                tier=Tier(by_id[p.job_id].tier),
-                priority=by_id[p.job_id].priority,
-                locality=LeafLocality(by_id[p.job_id].locality),
-                time_limit=max(p.time_limit, 1.0),
-            )
-            for p in snapshot.pending
-        )
+        # The engine keeps a job's snapshot entry (the same object) until it changes: translate each once.
+        running = tuple(self._real_running(r) for r in snapshot.running)
+        pending = tuple(self._real_pending(p) for p in snapshot.pending)
         real = Snapshot(
             topology=self.fleet, running=running, pending=pending, quotas=self._tree(snapshot.quotas), config=snapshot.config
         )

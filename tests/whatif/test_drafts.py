@@ -215,3 +215,18 @@ def test_cancel_stops_a_queued_run_and_a_running_one_at_its_next_report(org: Org
 
     with pytest.raises(Cancelled):
         _Progress(running.pk, 0.0, 0.5)(0.3)
+
+
+def test_a_run_whose_jobs_cannot_run_on_todays_fleet_fails_saying_so(org: Org) -> None:
+    admin = make_user("root-admin", unit=org.root, role=Role.CLUSTER_ADMIN)
+    node = make_cluster(nodes=1)[0]
+    submitted = timezone.now() - timedelta(days=1)
+    job = make_job(team=org.team_a, user=admin, gpu_type="B200", submitted_at=submitted, started_at=submitted)
+    Task.objects.create(job=job, attempt=1, rank=0, node=node, started_at=submitted, ended_at=submitted + timedelta(hours=1))
+    draft = draft_create(actor=admin, root=org.root)
+    run = WhatIfRun.objects.create(draft=draft, window_start=submitted - timedelta(hours=1), window_end=timezone.now())
+    assert whatif_run(run_id=run.pk) == RunState.FAILED
+    run.refresh_from_db()
+    assert "none of the window's jobs can be replayed on today's fleet" in run.message
+    page = _client(admin).get(reverse("whatif-run", args=[run.pk])).content.decode()
+    assert "Failed" in page and "today&#x27;s fleet" in page
