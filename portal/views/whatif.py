@@ -83,10 +83,11 @@ def _draft_rows(draft: QuotaDraft, user: Any) -> tuple[list[Row], list[str]]:
     editable = set(units_administered(user=user).filter(pk__in=[u.pk for u in units]).values_list("pk", flat=True))
     cells = draft_cells(draft=draft)
     gpu_types = sorted({t for _, t in cells} or {"H100"})
+    parent_of = {u.pk: u.parent_id for u in units}
     children: dict[tuple[int | None, str], int] = {}
     for (unit_id, t), (g, _, _) in cells.items():
-        parent = next((u.parent_id for u in units if u.pk == unit_id), None)
-        children[(parent, t)] = children.get((parent, t), 0) + g
+        key = (parent_of.get(unit_id), t)
+        children[key] = children.get(key, 0) + g
     base = min((u.depth for u in units), default=0)
     rows = []
     for unit in units:

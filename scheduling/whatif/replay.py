@@ -12,11 +12,23 @@ plan. Whatever the engine's defaults become, this module pins what the what-if n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from scheduling.core.fairshare import accrue
 from scheduling.core.plan import plan as core_plan
-from scheduling.core.types import Config, LeafLocality, PendingJob, Plan, QuotaUnit, RunningJob, Snapshot, Tier, Topology
+from scheduling.core.types import (
+    Config,
+    LeafLocality,
+    PendingJob,
+    Placement,
+    Plan,
+    QuotaUnit,
+    RunningJob,
+    Snapshot,
+    Tier,
+    Topology,
+)
 from scheduling.sim.cluster import ClusterShape
 from scheduling.sim.engine import Replay
 from scheduling.sim.replay_types import ReplayConfig, ReplayResult
@@ -106,10 +118,41 @@ class _TreePolicy:
         self.by_id = {j.job_id: j for j in jobs}
         self._running: dict[str, tuple[RunningJob, RunningJob]] = {}
         self._pending: dict[str, tuple[PendingJob, PendingJob]] = {}
+        self._held: dict[str, dict[str, int]] = {}  # team -> GPU type -> GPUs held after the last plan
+        self._mix: dict[str, dict[str, float]] = {}  # team -> GPU type -> decayed GPU-seconds
+        self._last: float | None = None
 
-    def _tree(self, engine_quotas: tuple[QuotaUnit, ...]) -> tuple[QuotaUnit, ...]:
-        usage = {u.name: u.usage for u in engine_quotas if u.parent is not None}
+    def _tree(self, engine_quotas: tuple[QuotaUnit, ...], now: float, half_life_s: float) -> tuple[QuotaUnit, ...]:
+        """The real tree with each team's fair-share usage per GPU type, as the cycle gives the core.
+
+        The engine keeps one exact figure per team (all types together); it is split over the types in
+        the proportions of the team's own decayed use of each, integrated from what it held after each
+        plan (exact while the cycle runs at every change, approximate across idle gaps)."""
+        dt = 0.0 if self._last is None else now - self._last
+        self._last = now
+        for team in set(self._mix) | set(self._held):
+            mix, held = self._mix.setdefault(team, {}), self._held.get(team, {})
+            for gpu_type in set(mix) | set(held):
+                mix[gpu_type] = accrue(mix.get(gpu_type, 0.0), held.get(gpu_type, 0), dt, half_life_s)
+        usage: dict[str, Mapping[str, float]] = {}
+        for u in engine_quotas:
+            if u.parent is None:
+                continue
+            total, mix = sum(u.usage.values()), self._mix.get(u.name, {})
+            whole = sum(mix.values())
+            usage[u.name] = {t: total * v / whole for t, v in mix.items()} if whole > 0 else u.usage
         return tuple(replace(u, usage=usage.get(u.name, {})) for u in self.quotas)
+
+    def _hold(self, running: Sequence[RunningJob], placed: Sequence[Placement]) -> None:
+        held: dict[str, dict[str, int]] = {}
+        for r in running:
+            team = held.setdefault(r.team, {})
+            team[r.gpu_type] = team.get(r.gpu_type, 0) + sum(len(rep) for rep in r.replicas)
+        for p in placed:
+            job = self.by_id[p.job_id]
+            team = held.setdefault(job.team, {})
+            team[job.gpu_type] = team.get(job.gpu_type, 0) + job.gpus
+        self._held = held
 
     def _real_running(self, r: RunningJob) -> RunningJob:
         hit = self._running.get(r.job_id)
@@ -136,10 +179,10 @@ class _TreePolicy:
         # The engine keeps a job's snapshot entry (the same object) until it changes: translate each once.
         running = tuple(self._real_running(r) for r in snapshot.running)
         pending = tuple(self._real_pending(p) for p in snapshot.pending)
-        real = Snapshot(
-            topology=self.fleet, running=running, pending=pending, quotas=self._tree(snapshot.quotas), config=snapshot.config
-        )
+        quotas = self._tree(snapshot.quotas, now, snapshot.config.half_life_s)
+        real = Snapshot(topology=self.fleet, running=running, pending=pending, quotas=quotas, config=snapshot.config)
         decided = core_plan(real, now=now)
+        self._hold(running, decided.placements)
         to_engine = self.to_engine
         placements = tuple(
             replace(p, replicas=tuple(tuple(to_engine[g] for g in rep) for rep in p.replicas)) for p in decided.placements

@@ -4,7 +4,6 @@ window's jobs as submitted with their real run times, the fleet, the live tree a
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import reduce
@@ -84,18 +83,19 @@ def base_cells(*, draft: QuotaDraft) -> dict[Cell, Values]:
     return out
 
 
-def quota_units(*, overlay: tuple[OrgUnit, Mapping[Cell, Values]] | None = None) -> tuple[QuotaUnit, ...]:
+def quota_units(*, draft: QuotaDraft | None = None) -> tuple[QuotaUnit, ...]:
     """The whole tree as the core sees it (slugs as names, as the cycle's snapshot), no usage; with
-    ``overlay`` (a subtree's root and its cells) the subtree's quotas replaced by those cells."""
+    ``draft``, the quotas of the units it copied (or has cells for) replaced by the draft's cells. A unit
+    added to the live tree since the copy keeps its live quotas: the draft says nothing about it."""
     cells: dict[int, dict[str, Values]] = defaultdict(dict)
     for q in Quota.objects.all():
         cells[q.unit_id][q.gpu_type] = (q.guaranteed, q.limit, q.weight)
     units = list(OrgUnit.objects.order_by("path").values_list("id", "parent_id", "slug", "path"))
-    if overlay is not None:
-        root, replaced = overlay
-        for pk, _, _, path in units:
-            if path.startswith(root.path):
-                cells[pk] = {}
+    if draft is not None:
+        replaced = draft_cells(draft=draft)
+        owned = {u for u, _ in replaced} | {u for u, _ in base_cells(draft=draft)}
+        for pk in owned:
+            cells[pk] = {}
         for (unit_id, gpu_type), values in replaced.items():
             cells[unit_id][gpu_type] = values
     slugs = {pk: slug for pk, _, slug, _ in units}

@@ -48,7 +48,7 @@ PROGRESS_EVERY_S = 1.0
 def draft_create(*, actor: User | None, root: OrgUnit, name: str = "") -> QuotaDraft:
     """A copy of the live quotas of ``root``'s subtree, remembered as they are now (``base``)."""
     cells = live_cells(root=root)
-    name = name.strip() or f"Draft of {root.name}, {timezone.now():%Y-%m-%d %H:%M}"
+    name = name.strip() or f"Draft of {root.name}, {timezone.localtime():%Y-%m-%d %H:%M}"
     draft = QuotaDraft.objects.create(
         root=root,
         name=name[:100],
@@ -317,7 +317,7 @@ def _replay_both(run: WhatIfRun) -> dict[str, object]:
         raise ValueError("none of the window's jobs can be replayed on today's fleet")
     config, cycle_s = scheduler_config(), yard_number("CYCLE_INTERVAL_S")
     live_tree = quota_units()
-    draft_tree = quota_units(overlay=(draft.root, draft_cells(draft=draft)))
+    draft_tree = quota_units(draft=draft)
     outcomes = []
     for n, tree in enumerate((live_tree, draft_tree)):
         outcomes.append(

@@ -14,9 +14,10 @@ from django.utils import timezone
 
 from scheduling.models import Task
 from scheduling.whatif.models import DraftQuota, QuotaDraft, RunState, WhatIfRun
+from scheduling.whatif.selectors import quota_units
 from scheduling.whatif.services import draft_apply, draft_create, draft_quota_set, whatif_run
-from tenants.models import AuditEntry, Quota, Role
-from tenants.services import quota_set
+from tenants.models import AuditEntry, Quota, Role, UnitKind
+from tenants.services import quota_set, unit_create
 from tests.factories import Org, make_cluster, make_job, make_org, make_user
 
 pytestmark = pytest.mark.django_db
@@ -230,3 +231,17 @@ def test_a_run_whose_jobs_cannot_run_on_todays_fleet_fails_saying_so(org: Org) -
     assert "none of the window's jobs can be replayed on today's fleet" in run.message
     page = _client(admin).get(reverse("whatif-run", args=[run.pk])).content.decode()
     assert "Failed" in page and "today&#x27;s fleet" in page
+
+
+def test_the_draft_tree_replaces_the_units_the_draft_copied_and_keeps_a_unit_added_since(org: Org) -> None:
+    admin = make_user("root-admin", unit=org.root, role=Role.CLUSTER_ADMIN)
+    draft = draft_create(actor=admin, root=org.bu)
+    draft_quota_set(actor=admin, draft=draft, unit=org.team_a, gpu_type="H100", guaranteed=8, limit=None)
+    team_d = unit_create(actor=admin, name="team-d", kind=UnitKind.TEAM, parent=org.dept)
+    quota_set(actor=admin, unit=team_d, gpu_type="H100", guaranteed=4)
+    live = {u.name: u for u in quota_units()}
+    drafted = {u.name: u for u in quota_units(draft=draft)}
+    assert live[org.team_a.slug].guaranteed == {"H100": 16} and live[org.team_a.slug].limit == {"H100": 32}
+    assert drafted[org.team_a.slug].guaranteed == {"H100": 8} and drafted[org.team_a.slug].limit == {}
+    assert drafted[team_d.slug].guaranteed == {"H100": 4}  # added since the copy: the draft says nothing about it
+    assert drafted[org.team_c.slug] == live[org.team_c.slug]  # outside the draft's subtree
