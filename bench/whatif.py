@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.benchlib import result, use_code
 
-use_code()
+CODE = use_code()
 
 OVER = "in-process replay_tree (scheduling.sim engine + core plan()), synthetic month, 192 nodes, no database"
 TEAMS = [f"team-{i}" for i in range(8)]
@@ -109,15 +109,17 @@ def main() -> None:
     parser.add_argument("--days", type=float, default=30.0)
     opts = parser.parse_args()
     jobs, days = (3000, 6.0) if opts.quick else (opts.jobs, opts.days)
-    try:
-        from scheduling.core.types import Config
-        from scheduling.whatif.replay import replay_tree
-    except ImportError:
-        print("this code has no what-if (scheduling.whatif): nothing to measure")
+    # The editable install's finder would hand out this checkout's package for a module the measured
+    # code lacks: ask the measured tree itself.
+    if not (CODE / "scheduling" / "whatif" / "replay.py").exists():
+        print(f"{CODE} has no what-if (scheduling/whatif): nothing to measure")
         for tree_name in ("live", "draft"):
             result(f"whatif.replay_wall_s.{tree_name}", None, "s", over=OVER)
             result(f"whatif.replay_cpu_s.{tree_name}", None, "s", over=OVER)
         return
+    from scheduling.core.types import Config
+    from scheduling.whatif.replay import replay_tree
+
     topology, trace = fleet(), month(jobs, days)
     asked = sum(j.gpus * j.run_s for j in trace) / (sum(len(n.gpus) for n in topology.nodes) * days * 86400)
     print(f"{len(trace):,} jobs over {days:g} days on {len(topology.nodes)} nodes; they ask {asked:.0%} of the fleet's GPU-hours")
