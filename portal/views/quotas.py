@@ -193,7 +193,7 @@ def history_text(entry: AuditEntry) -> str:
 
 def _history(user: Any) -> list[HistoryLine]:
     entries = (
-        AuditEntry.objects.filter(unit__in=_subtree(user), action__regex=r"^(quota|unit)\.")
+        AuditEntry.objects.filter(unit__in=_subtree(user), action__regex=r"^(quota\.|unit\.|draft\.apply$)")
         .select_related("unit")
         .order_by("-time", "-id")[:HISTORY_LENGTH]
     )

@@ -116,6 +116,8 @@ def test_apply_writes_the_drafts_changes_in_one_audited_step(org: Org) -> None:
     entry = AuditEntry.objects.get(action="draft.apply")
     assert "team-a H100: guaranteed 16 → 8" in entry.message and "team-b H100" in entry.message
     assert AuditEntry.objects.filter(action="quota.update", unit=org.team_a).count() == 1
+    history = _client(admin).get(reverse("quota-history")).content.decode()
+    assert f"applied draft {draft.name}" in history and "team-a H100: guaranteed 16 → 8" in history
     draft.refresh_from_db()
     assert draft.applied_at is not None
     # Applied: read-only, and not applied twice.
