@@ -121,15 +121,18 @@ def quota_units(*, draft: QuotaDraft | None = None) -> tuple[QuotaUnit, ...]:
 
 def fleet() -> Topology:
     """Every node and its whole GPUs, whatever their state now: the fleet the month ran on, as far as the
-    portal knows it today (a node retired during the month is not in it)."""
+    portal knows it today (a node retired during the month is not in it). GPUs are named "node/index",
+    not by row id, so that the same fleet replays the same way in any database."""
     nodes = list(Node.objects.order_by("name").values_list("id", "name", "leaf__name", "leaf__spine__name", "gpu_type"))
     types = {pk: t for pk, _, _, _, t in nodes}
+    names = {pk: name for pk, name, _, _, _ in nodes}
     gpus: dict[int, list[CoreGpu]] = defaultdict(list)
-    for pk, node_id, index, nvlink, pcie, numa, gpu_type in Gpu.objects.order_by("node_id", "index").values_list(
-        "id", "node_id", "index", "nvlink_domain", "pcie_switch", "numa_node", "gpu_type"
-    ):
+    rows = Gpu.objects.order_by("node_id", "index").values_list(
+        "node_id", "index", "nvlink_domain", "pcie_switch", "numa_node", "gpu_type"
+    )
+    for node_id, index, nvlink, pcie, numa, gpu_type in rows:
         if gpu_type in ("", types.get(node_id)):
-            gpus[node_id].append(CoreGpu(id=str(pk), index=index, nvlink=nvlink, pcie=pcie, numa=numa))
+            gpus[node_id].append(CoreGpu(id=f"{names[node_id]}/{index}", index=index, nvlink=nvlink, pcie=pcie, numa=numa))
     return Topology(
         nodes=tuple(
             CoreNode(name=name, leaf=leaf, spine=spine, gpu_type=gpu_type, gpus=tuple(gpus[pk]))

@@ -76,6 +76,10 @@ def test_an_org_admin_runs_a_whatif_from_the_quota_page_and_reads_the_table(page
         b.get_by_label("team-b H100 limit").fill("32")
         b.get_by_role("button", name="Save").click()
         expect(b.get_by_text("Saved")).to_be_visible()
+        page.reload()
+        expect(page.locator(f"#q-{people.org.team_b.pk}-H100").get_by_label("team-b H100 guaranteed")).to_have_value("16")
+        expect(page.get_by_text("team-a H100: 16 · 32 · 1 → 8 · 32 · 1")).to_be_visible()  # the changes apply would write
+        screenshot(page, "whatif-draft")
 
         today = timezone.localdate()
         page.locator("#id_start").fill(str(today - timedelta(days=5)))

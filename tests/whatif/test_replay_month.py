@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from scheduling.whatif.models import RunState, WhatIfRun
 from scheduling.whatif.services import draft_create, draft_quota_set, whatif_run
 from tests.whatif.conftest import Month
+
+pytestmark = pytest.mark.slow
 
 
 def _run(month: Month, draft: Any) -> dict[str, Any]:
