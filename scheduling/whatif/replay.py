@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from scheduling.core.fairshare import accrue
+from scheduling.core.fairshare import accrue, decay
 from scheduling.core.plan import plan as core_plan
 from scheduling.core.types import (
     Config,
@@ -121,6 +121,7 @@ class _TreePolicy:
         self._held: dict[str, dict[str, int]] = {}  # team -> GPU type -> GPUs held after the last plan
         self._mix: dict[str, dict[str, float]] = {}  # team -> GPU type -> decayed GPU-seconds
         self._last: float | None = None
+        self.initial: Mapping[str, Mapping[str, float]] = {}  # team -> GPU type -> usage at the window's start
 
     def _tree(self, engine_quotas: tuple[QuotaUnit, ...], now: float, half_life_s: float) -> tuple[QuotaUnit, ...]:
         """The real tree with each team's fair-share usage per GPU type, as the cycle gives the core.
@@ -141,6 +142,11 @@ class _TreePolicy:
             total, mix = sum(u.usage.values()), self._mix.get(u.name, {})
             whole = sum(mix.values())
             usage[u.name] = {t: total * v / whole for t, v in mix.items()} if whole > 0 else u.usage
+        for team, before in self.initial.items():
+            mine = dict(usage.get(team, {}))
+            for gpu_type, used in before.items():
+                mine[gpu_type] = mine.get(gpu_type, 0.0) + decay(used, now, half_life_s)
+            usage[team] = mine
         return tuple(replace(u, usage=usage.get(u.name, {})) for u in self.quotas)
 
     def _hold(self, running: Sequence[RunningJob], placed: Sequence[Placement]) -> None:
@@ -198,16 +204,20 @@ def replay_tree(
     config: Config,
     cycle_s: float,
     progress: Callable[[float], None] | None = None,
+    initial_usage: Mapping[str, Mapping[str, float]] | None = None,
 ) -> TreeOutcome:
     """Replay ``jobs`` on ``fleet`` under ``quotas`` with the deployment's ``config`` and cycle interval.
 
     Every job's gang is what the engine derives from its GPU count (``gang_shape``); a job submitted as
     another shape of the same GPUs (2 x 4 on 8-GPU nodes) is counted in ``reshaped``. ``progress`` gets
-    the fraction of the window replayed after each cycle; it may raise ``Cancelled``.
+    the fraction of the window replayed after each cycle; it may raise ``Cancelled``. ``initial_usage``
+    (team -> GPU type -> decayed GPU-seconds at the window's start) is what fair share remembers of the
+    time before the window; it decays on from there.
     """
     shape, order = _engine_shape(fleet)
     width = max(4, len(str(shape.nodes - 1)))
     policy = _TreePolicy(fleet, order, width, quotas, jobs)
+    policy.initial = initial_usage or {}
     trace = [
         TraceJob(
             job_id=j.job_id,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import reduce
 from operator import or_
 from typing import Any
@@ -13,10 +13,11 @@ from typing import Any
 from django.db.models import Q, QuerySet
 from django.http import Http404
 
+from scheduling.core.fairshare import accrue, decay
 from scheduling.core.types import Gpu as CoreGpu
 from scheduling.core.types import Node as CoreNode
 from scheduling.core.types import QuotaUnit, Topology
-from scheduling.models import Gpu, Job, Node, Task
+from scheduling.models import Allocation, Gpu, Job, Node, Task
 from scheduling.whatif.models import DraftQuota, QuotaDraft, WhatIfRun
 from scheduling.whatif.replay import ReplayJob
 from tenants.models import OrgUnit, Quota
@@ -140,6 +141,22 @@ def fleet() -> Topology:
             if gpus[pk]
         )
     )
+
+
+def usage_before(*, start: datetime, half_life_s: float) -> dict[str, dict[str, float]]:
+    """Team key -> GPU type -> decayed GPU-seconds at ``start`` from what teams held before it (as the
+    portal's accounting decays it; allocations older than ten half-lives weigh < 0.1 % and are skipped):
+    fair share's memory of the time before a window, the same for both trees."""
+    horizon = start - timedelta(seconds=10 * half_life_s)
+    rows = Allocation.objects.filter(allocated_at__lt=start).filter(Q(released_at__isnull=True) | Q(released_at__gt=horizon))
+    out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for slug, gpu_type, began, ended in rows.values_list(
+        "job__team__slug", "job__gpu_type", "allocated_at", "released_at"
+    ).iterator(chunk_size=5000):
+        stop = min(ended or start, start)
+        held = accrue(0.0, 1, max((stop - began).total_seconds(), 0.0), half_life_s)
+        out[slug][gpu_type] += decay(held, (start - stop).total_seconds(), half_life_s)
+    return {team: dict(types) for team, types in out.items()}
 
 
 def window_jobs_count(*, start: datetime, end: datetime) -> int:

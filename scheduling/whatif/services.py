@@ -27,6 +27,7 @@ from scheduling.whatif.selectors import (
     live_cells,
     quota_units,
     subtree_units,
+    usage_before,
     window_jobs,
     window_jobs_count,
 )
@@ -316,6 +317,7 @@ def _replay_both(run: WhatIfRun) -> dict[str, object]:
     if not window.jobs:
         raise ValueError("none of the window's jobs can be replayed on today's fleet")
     config, cycle_s = scheduler_config(), yard_number("CYCLE_INTERVAL_S")
+    initial = usage_before(start=run.window_start, half_life_s=config.half_life_s)
     live_tree = quota_units()
     draft_tree = quota_units(draft=draft)
     outcomes = []
@@ -328,6 +330,7 @@ def _replay_both(run: WhatIfRun) -> dict[str, object]:
                 config=config,
                 cycle_s=cycle_s,
                 progress=_Progress(run.pk, n / 2, (n + 1) / 2),
+                initial_usage=initial,
             )
         )
     return compare(

@@ -12,9 +12,10 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from scheduling.models import Task
+from scheduling.core.fairshare import accrue, decay
+from scheduling.models import Allocation, Task
 from scheduling.whatif.models import DraftQuota, QuotaDraft, RunState, WhatIfRun
-from scheduling.whatif.selectors import quota_units
+from scheduling.whatif.selectors import quota_units, usage_before
 from scheduling.whatif.services import draft_apply, draft_create, draft_quota_set, whatif_run
 from tenants.models import AuditEntry, Quota, Role, UnitKind
 from tenants.services import quota_set, unit_create
@@ -247,3 +248,22 @@ def test_the_draft_tree_replaces_the_units_the_draft_copied_and_keeps_a_unit_add
     assert drafted[org.team_a.slug].guaranteed == {"H100": 8} and drafted[org.team_a.slug].limit == {}
     assert drafted[team_d.slug].guaranteed == {"H100": 4}  # added since the copy: the draft says nothing about it
     assert drafted[org.team_c.slug] == live[org.team_c.slug]  # outside the draft's subtree
+
+
+def test_usage_before_a_window_counts_what_teams_held_before_it_decayed_to_its_start(org: Org) -> None:
+    admin = make_user("root-admin", unit=org.root, role=Role.CLUSTER_ADMIN)
+    node = make_cluster(nodes=1)[0]
+    gpus = list(node.gpus.order_by("index"))
+    start = timezone.now() - timedelta(days=3)
+    job = make_job(team=org.team_a, user=admin, submitted_at=start - timedelta(days=2))
+    task = Task.objects.create(job=job, attempt=1, rank=0, node=node)
+    spans = [
+        (gpus[0], start - timedelta(days=2), start - timedelta(days=1)),  # a day, ended a day before the window
+        (gpus[1], start - timedelta(hours=1), None),  # still held: counted up to the window's start
+        (gpus[2], start + timedelta(hours=1), start + timedelta(hours=2)),  # inside the window: not before it
+    ]
+    for gpu, began, ended in spans:
+        Allocation.objects.create(gpu=gpu, task=task, job=job, attempt=1, allocated_at=began, released_at=ended)
+    half_life = 7 * 86400.0
+    expected = decay(accrue(0.0, 1, 86400, half_life), 86400, half_life) + accrue(0.0, 1, 3600, half_life)
+    assert usage_before(start=start, half_life_s=half_life) == {org.team_a.slug: {"H100": pytest.approx(expected)}}

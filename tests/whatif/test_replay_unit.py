@@ -102,3 +102,19 @@ def test_a_replay_stops_when_its_progress_callback_cancels_it() -> None:
             progress=progress,
         )
     assert len(calls) == 1
+
+
+def test_fair_share_remembers_the_usage_before_the_window() -> None:
+    one_node = Topology(nodes=(_node("a-1", "leaf-a", "H100", 8),))
+    tree = (
+        QuotaUnit("root", None, guaranteed={"H100": 8}),
+        QuotaUnit("team-x", "root", guaranteed={"H100": 4}),
+        QuotaUnit("team-y", "root", guaranteed={"H100": 4}),
+    )
+    jobs = [_job("1", "team-x"), _job("2", "team-y")]
+    fresh = replay_tree(jobs=jobs, fleet=one_node, quotas=tree, config=Config(), cycle_s=5.0)
+    assert fresh.jobs["1"].wait_s == pytest.approx(0.0, abs=5)  # equal standing: the first submitted first
+    heavy_x = {"team-x": {"H100": 8 * 86400.0}}
+    remembered = replay_tree(jobs=jobs, fleet=one_node, quotas=tree, config=Config(), cycle_s=5.0, initial_usage=heavy_x)
+    assert remembered.jobs["2"].wait_s == pytest.approx(0.0, abs=5)  # team-x used the node all day before
+    assert remembered.jobs["1"].wait_s is not None and remembered.jobs["1"].wait_s >= 3600
