@@ -38,6 +38,7 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
     "fill_e2e": ([], ["--quick"]),
     "container_start": ([], ["--runs", "3"]),
     "service_proxy": ([], ["--quick"]),
+    "whatif": ([], ["--quick"]),
 }
 
 

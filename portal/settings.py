@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "template_partials",
     "tenants",
     "scheduling",
+    "scheduling.whatif",
     "portal",
 ]
 

@@ -76,6 +76,32 @@ def _children_guaranteed(parent: OrgUnit, gpu_type: str, *, override: dict[int, 
 
 def validate_quota(*, unit: OrgUnit, gpu_type: str, guaranteed: int, limit: int | None, weight: float) -> None:
     """Raise ValidationError (with field keys) if these values would make the tree invalid."""
+    parent = unit.parent if unit.parent_id is not None else None
+    check_quota(
+        unit=unit,
+        gpu_type=gpu_type,
+        guaranteed=guaranteed,
+        limit=limit,
+        weight=weight,
+        parent_guaranteed=_guaranteed(parent, gpu_type) if parent is not None else None,
+        siblings_guaranteed=_children_guaranteed(parent, gpu_type, override={unit.pk: guaranteed}) if parent is not None else 0,
+        children_guaranteed=_children_guaranteed(unit, gpu_type),
+    )
+
+
+def check_quota(
+    *,
+    unit: OrgUnit,
+    gpu_type: str,
+    guaranteed: int,
+    limit: int | None,
+    weight: float,
+    parent_guaranteed: int | None,
+    siblings_guaranteed: int,
+    children_guaranteed: int,
+) -> None:
+    """The quota rules on given figures (the live tree's, or a draft's): ``parent_guaranteed`` None for
+    the root; ``siblings_guaranteed`` the children of the parent with this unit's new value counted."""
     errors: dict[str, str] = {}
     if guaranteed < 0:
         errors["guaranteed"] = f"{unit.name} {gpu_type}: guaranteed GPUs cannot be negative (got {guaranteed})"
@@ -90,24 +116,20 @@ def validate_quota(*, unit: OrgUnit, gpu_type: str, guaranteed: int, limit: int 
         errors["weight"] = f"{unit.name} {gpu_type}: the weight must be positive (got {weight})"
     if errors:
         raise ValidationError(errors)
-    if unit.parent_id is not None:
+    if parent_guaranteed is not None and siblings_guaranteed > parent_guaranteed:
         parent = unit.parent
         assert parent is not None
-        parent_g = _guaranteed(parent, gpu_type)
-        siblings = _children_guaranteed(parent, gpu_type, override={unit.pk: guaranteed})
-        if siblings > parent_g:
-            raise ValidationError(
-                {
-                    "guaranteed": f"{parent.name}'s children would hold {siblings} {gpu_type} of its {parent_g} "
-                    f"guaranteed; lower {unit.name}'s guarantee to at most {parent_g - (siblings - guaranteed)} "
-                    f"or raise {parent.name}'s"
-                }
-            )
-    children = _children_guaranteed(unit, gpu_type)
-    if children > guaranteed:
         raise ValidationError(
             {
-                "guaranteed": f"{unit.name}'s children already hold {children} {gpu_type} guaranteed; "
+                "guaranteed": f"{parent.name}'s children would hold {siblings_guaranteed} {gpu_type} of its "
+                f"{parent_guaranteed} guaranteed; lower {unit.name}'s guarantee to at most "
+                f"{parent_guaranteed - (siblings_guaranteed - guaranteed)} or raise {parent.name}'s"
+            }
+        )
+    if children_guaranteed > guaranteed:
+        raise ValidationError(
+            {
+                "guaranteed": f"{unit.name}'s children already hold {children_guaranteed} {gpu_type} guaranteed; "
                 f"its own guarantee cannot drop to {guaranteed}"
             }
         )

@@ -27,6 +27,7 @@ from portal.views.common import add_service_errors, signed_in
 from scheduling.core.quota import guarantee_by_tier
 from scheduling.models import Allocation
 from scheduling.selectors import borrowed_beyond
+from scheduling.whatif.selectors import drafts_visible
 from tenants.models import AuditEntry, OrgUnit, Quota, UnitKind
 from tenants.selectors import access_unit_admin, admin_roots, units_administered, units_visible
 from tenants.services import guarantees_sum, quota_change_words, quota_set, unit_create, unit_delete, unit_move
@@ -46,6 +47,10 @@ class Cell:
     in_use: int = 0  # GPUs of this type held now by the unit's teams (what a new limit is checked against)
     # A team's cell: how its guarantee is held now, claimed in tier order (Tier 1, 2, 3), and what it borrows.
     tiers: TierShare | None = None
+    # A what-if draft's cell (portal/views/whatif.py): where its form posts, and its values in the draft.
+    action: str = ""
+    draft: bool = False
+    values: tuple[int, int | None, float] | None = None
 
     @property
     def dom_id(self) -> str:
@@ -188,7 +193,7 @@ def history_text(entry: AuditEntry) -> str:
 
 def _history(user: Any) -> list[HistoryLine]:
     entries = (
-        AuditEntry.objects.filter(unit__in=_subtree(user), action__regex=r"^(quota|unit)\.")
+        AuditEntry.objects.filter(unit__in=_subtree(user), action__regex=r"^(quota\.|unit\.|draft\.apply$)")
         .select_related("unit")
         .order_by("-time", "-id")[:HISTORY_LENGTH]
     )
@@ -205,6 +210,8 @@ def _page(request: HttpRequest, *, status: int = 200, **extra: Any) -> HttpRespo
         "gpu_types": gpu_types,
         "can_edit": bool(admin_roots(user=user)),
         "history": _history(user),
+        "drafts": drafts_visible(user=user)[:10],
+        "draft_roots": admin_roots(user=user),
         "create_form": extra.pop("create_form", None) or UnitCreateForm(parents=subtree.exclude(kind=UnitKind.TEAM)),
         "move_form": extra.pop("move_form", None)
         or UnitMoveForm(movable=administered.exclude(kind=UnitKind.ROOT), parents=subtree.exclude(kind=UnitKind.TEAM)),

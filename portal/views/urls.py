@@ -2,7 +2,7 @@
 
 from django.urls import URLPattern, URLResolver, path
 
-from portal.views import cluster, dev_sessions, fairshare, jobs, notebooks, quotas, services, ssh_keys, tokens
+from portal.views import cluster, dev_sessions, fairshare, jobs, notebooks, quotas, services, ssh_keys, tokens, whatif
 
 urlpatterns: list[URLPattern | URLResolver] = [
     path("jobs/", jobs.jobs_list, name="jobs"),
@@ -43,5 +43,14 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("quotas/units/new/", quotas.unit_add, name="unit-add"),
     path("quotas/units/move/", quotas.unit_relocate, name="unit-move"),
     path("quotas/units/<int:unit_id>/remove/", quotas.unit_remove, name="unit-remove"),
+    path("quotas/drafts/new/", whatif.draft_new, name="draft-new"),
+    path("quotas/drafts/<int:pk>/", whatif.draft_detail, name="draft"),
+    path("quotas/drafts/<int:pk>/types/", whatif.draft_add_type, name="draft-add-type"),
+    path("quotas/drafts/<int:pk>/apply/", whatif.draft_apply_view, name="draft-apply"),
+    path("quotas/drafts/<int:pk>/runs/", whatif.run_new, name="whatif-new"),
+    path("quotas/drafts/<int:pk>/<int:unit_id>/<str:gpu_type>/", whatif.draft_cell, name="draft-cell"),
+    path("quotas/whatif/<int:pk>/", whatif.run_detail, name="whatif-run"),
+    path("quotas/whatif/<int:pk>/cancel/", whatif.run_cancel, name="whatif-cancel"),
+    path("quotas/whatif/<int:pk>/csv/", whatif.run_csv, name="whatif-csv"),
     path("quotas/<int:unit_id>/<str:gpu_type>/", quotas.quota_edit, name="quota-edit"),
 ]
