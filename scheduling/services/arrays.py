@@ -1,0 +1,260 @@
+"""Job arrays (Slurm's ``--array``): one submission of N tasks, each a job of its own, and cancelling them.
+
+A task is an ordinary job (its own state, attempts, logs, exit code, preemption and accounting) with its
+array and index; its variables say which index it is (YARD_ARRAY_TASK_ID and its kin, the sbatch
+translation's SLURM_ARRAY_*). The submission is checked once for the whole array (fields, permission,
+the admission verdict: every task has the same shape) and written in bulk: ids reserved from the
+sequence, then one INSERT per few hundred tasks and their events, one audit entry for the array.
+"""
+
+from __future__ import annotations
+
+import copy
+import posixpath
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from django.contrib.auth.models import User
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from scheduling.arrayspec import ArraySpec, ArraySpecError, parse_array
+from scheduling.models import Job, JobArray, JobEvent, JobKind
+from scheduling.selectors import array_limit_reason, array_tasks_held, yard_number
+from scheduling.services.common import IdempotencyConflict, cycle_request
+from scheduling.services.lifecycle import job_cancel
+from scheduling.services.submit import JobSpec, _same_spec, _team_dir, job_admit, job_row, with_default_resources
+from scheduling.states import ACTIVE_STATES, JobState
+from tenants.services import audit
+
+ARRAY_ENV_PREFIX = "YARD_ARRAY_"
+INSERT_BATCH = 500
+
+
+def max_array_size() -> int:
+    return int(yard_number("MAX_ARRAY_SIZE"))
+
+
+def array_spec_parse(text: str) -> ArraySpec:
+    """--array's text, or a ValidationError on ``array`` saying what to change."""
+    try:
+        return parse_array(text, max_size=max_array_size())
+    except ArraySpecError as exc:
+        raise ValidationError({"array": [str(exc)]}) from None
+
+
+@dataclass(frozen=True)
+class ArraySubmitted:
+    array: JobArray
+    created: bool  # False: the Idempotency-Key's earlier array, returned as it is
+    verdict: str  # the admission verdict every task was given
+
+
+def job_array_submit(*, user: User, spec: JobSpec, array: str, idempotency_key: str | None = None) -> ArraySubmitted:
+    """Validate once, run the admission check once, create every task PENDING in bulk; the same key and spec
+    twice -> the same array.
+
+    Raises ValidationError (``array`` for the indices; the rest as job_submit) and IdempotencyConflict when
+    the key was used for another spec or for a single job.
+    """
+    parsed = array_spec_parse(array)
+    if spec.kind != JobKind.BATCH:
+        raise ValidationError({"array": ["Only batch jobs come in arrays"]})
+    if idempotency_key is not None and (not idempotency_key or len(idempotency_key) > 128):
+        raise ValidationError({"idempotency_key": "Between 1 and 128 characters"})
+    if reserved := sorted(k for k in spec.env if str(k).startswith(ARRAY_ENV_PREFIX)):
+        raise ValidationError({"env": [f"{', '.join(reserved)}: the array sets {ARRAY_ENV_PREFIX}* itself; use another name"]})
+    spec = with_default_resources(spec)
+    if idempotency_key and (existing := _existing_array(user, idempotency_key, spec, parsed)) is not None:
+        return existing
+    spec, verdict, now = job_admit(user=user, spec=spec)
+    try:
+        with transaction.atomic():
+            made = _create_array(user=user, spec=spec, parsed=parsed, key=idempotency_key, now=now, reason=verdict.reason)
+    except IntegrityError:
+        # A concurrent retry with the same key won the race: answer with its array.
+        if idempotency_key and (existing := _existing_array(user, idempotency_key, spec, parsed)) is not None:
+            return existing
+        raise
+    cycle_request()
+    return ArraySubmitted(array=made, created=True, verdict=verdict.reason)
+
+
+def _task_checkpoint_dir(spec: JobSpec, index: int, pk: int) -> str:
+    """A task's own checkpoint directory: DIR/INDEX under a given one (tasks must not share one), else the
+    team's directory and its job id, as a single job's."""
+    if spec.checkpoint_dir:
+        return posixpath.join(posixpath.normpath(spec.checkpoint_dir), str(index))
+    return str(_team_dir(spec.team) / str(pk))
+
+
+def _existing_array(user: User, key: str, spec: JobSpec, parsed: ArraySpec) -> ArraySubmitted | None:
+    head = Job.objects.filter(user=user, idempotency_key=key).select_related("array").first()
+    if head is None:
+        return None
+    if head.array is None or head.array_id != head.pk or head.array.text != parsed.text:
+        raise IdempotencyConflict(head)
+    index = parsed.indices[0]
+    as_head = replace(
+        spec,
+        env={**spec.env, **parsed.env(array_id=head.pk, index=index)},
+        checkpoint_dir=_task_checkpoint_dir(spec, index, head.pk) if spec.checkpoint_dir else "",
+    )
+    task = copy.copy(head)
+    task.array_id = None  # compared as the single job it is shaped like: _same_spec refuses array tasks
+    if not _same_spec(task, as_head):
+        raise IdempotencyConflict(head)
+    return ArraySubmitted(array=head.array, created=False, verdict=head.pending_reason or f"already submitted ({head.state})")
+
+
+def _reserve_ids(count: int) -> list[int] | None:
+    """``count`` new job ids from PostgreSQL's sequence, so every task is written whole in one INSERT (its
+    array id and checkpoint directory need them); None elsewhere (SQLite: the ids come back from the INSERT)."""
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(pg_get_serial_sequence(%s, 'id')) FROM generate_series(1, %s)", [Job._meta.db_table, count]
+        )
+        return sorted(row[0] for row in cursor.fetchall())
+
+
+def _create_array(*, user: User, spec: JobSpec, parsed: ArraySpec, key: str | None, now: datetime, reason: str) -> JobArray:
+    limit = parsed.max_running
+    ids = _reserve_ids(parsed.count)
+    head_id = ids[0] if ids else 0
+    held = array_limit_reason(array_id=head_id, max_running=limit) if limit is not None else ""
+    rows = []
+    for n, index in enumerate(parsed.indices):
+        pk = ids[n] if ids else None
+        row = job_row(
+            user=user,
+            spec=spec,
+            now=now,
+            # Beyond its limit a task waits for the array's own tasks; the cycle says so too (cycle.py).
+            pending_reason=held if limit is not None and n >= limit else reason,
+            id=pk,
+            array_id=head_id or None,
+            array_index=index,
+            idempotency_key=key if n == 0 else None,
+        )
+        row.env = {**row.env, **parsed.env(array_id=head_id, index=index)}
+        row.checkpoint_dir = _task_checkpoint_dir(spec, index, pk or 0)
+        rows.append(row)
+    if ids:
+        made = JobArray.objects.create(
+            id=head_id, indices=parsed.text.partition("%")[0], task_count=parsed.count, max_running=limit, submitted_at=now
+        )
+        Job.objects.bulk_create(rows, batch_size=INSERT_BATCH)
+    else:
+        made = _create_returning_ids(rows, spec=spec, parsed=parsed, now=now, reason=reason)
+    label = user.get_username()
+    JobEvent.objects.bulk_create(
+        [
+            JobEvent(
+                job_id=row.pk,
+                time=now,
+                attempt=1,
+                to_state=JobState.PENDING,
+                reason=f"submitted; {row.pending_reason}",
+                actor=user,
+                actor_label=label,
+            )
+            for row in rows
+        ],
+        batch_size=INSERT_BATCH,
+    )
+    audit(
+        actor=user,
+        action="job.submit_array",
+        obj=rows[0],
+        unit=spec.team,
+        message=f"{spec.name}: array {made.text} of {made.task_count} tasks, each {spec.replicas}x{spec.gpus_per_replica} "
+        f"{spec.gpu_type}, tier {spec.tier}",
+        data={"array": made.pk, "tasks": made.task_count, "idempotency_key": key},
+    )
+    return made
+
+
+def _create_returning_ids(rows: list[Job], *, spec: JobSpec, parsed: ArraySpec, now: datetime, reason: str) -> JobArray:
+    """Where no sequence hands out ids first (SQLite, the demo): insert, then write what needed the ids."""
+    Job.objects.bulk_create(rows, batch_size=INSERT_BATCH)
+    head_id = rows[0].pk
+    limit = parsed.max_running
+    made = JobArray.objects.create(
+        id=head_id, indices=parsed.text.partition("%")[0], task_count=parsed.count, max_running=limit, submitted_at=now
+    )
+    held = array_limit_reason(array_id=head_id, max_running=limit) if limit is not None else ""
+    for n, row in enumerate(rows):
+        row.array_id = head_id
+        row.env = {**row.env, **parsed.env(array_id=head_id, index=row.array_index or 0)}
+        row.checkpoint_dir = _task_checkpoint_dir(spec, row.array_index or 0, row.pk)
+        if limit is not None and n >= limit:
+            row.pending_reason = held
+    Job.objects.bulk_update(rows, ["array", "env", "checkpoint_dir", "pending_reason"], batch_size=INSERT_BATCH)
+    return made
+
+
+@transaction.atomic
+def job_array_cancel(*, array: JobArray, actor: User) -> int:
+    """Cancel every task of the array, as scancel of its id does: the pending ones at once, in bulk; the
+    running ones are told to stop (each ends CANCELLED). Returns how many tasks it cancelled or stopped."""
+    pending = list(Job.objects.select_for_update().filter(array=array, state=JobState.PENDING).values_list("pk", "attempt"))
+    now = timezone.now()
+    label = actor.get_username()
+    if pending:
+        ids = [pk for pk, _ in pending]
+        Job.objects.filter(pk__in=ids, state=JobState.PENDING).update(
+            state=JobState.CANCELLED,
+            state_changed_at=now,
+            ended_at=now,
+            pending_reason="",
+            estimated_start=None,
+            reservation_domain="",
+        )
+        JobEvent.objects.bulk_create(
+            [
+                JobEvent(
+                    job_id=pk,
+                    time=now,
+                    attempt=attempt,
+                    from_state=JobState.PENDING,
+                    to_state=JobState.CANCELLED,
+                    reason=f"cancelled by {label} (the whole array {array.pk})",
+                    actor=actor,
+                    actor_label=label,
+                )
+                for pk, attempt in pending
+            ],
+            batch_size=INSERT_BATCH,
+        )
+    running = list(Job.objects.filter(array=array, state__in=ACTIVE_STATES, stop_requested_at__isnull=True))
+    for job in running:
+        job_cancel(job=job, actor=actor)
+    head = Job.objects.select_related("team").get(pk=array.pk)
+    audit(
+        actor=actor,
+        action="job.cancel_array",
+        obj=head,
+        unit=head.team,
+        message=f"cancel array {array.pk} ({len(pending)} pending, {len(running)} running)",
+        data={"array": array.pk, "pending": len(pending), "running": len(running)},
+    )
+    cycle_request()
+    return len(pending) + len(running)
+
+
+def job_arrays_hold_reasons() -> int:
+    """Write "JobArrayTaskLimit" as the pending reason of every task its array's limit holds back (the cycle
+    leaves them out of the core's snapshot, so the plan has no word for them): one UPDATE per array whose
+    held tasks say something else. Returns the rows changed."""
+    changed = 0
+    for array_id, (limit, ids) in array_tasks_held().items():
+        reason = array_limit_reason(array_id=array_id, max_running=limit)
+        changed += (
+            Job.objects.filter(pk__in=ids, state=JobState.PENDING)
+            .exclude(pending_reason=reason)
+            .update(pending_reason=reason, estimated_start=None, reservation_domain="")
+        )
+    return changed
