@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 _PIECE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
 
@@ -29,7 +30,7 @@ class ArraySpec:
     def count(self) -> int:
         return len(self.indices)
 
-    @property
+    @cached_property
     def step(self) -> int:
         """Slurm's SLURM_ARRAY_TASK_STEP: the one gap between indices when they are evenly spaced, else 1."""
         gaps = {b - a for a, b in zip(self.indices, self.indices[1:], strict=False)}

@@ -158,3 +158,24 @@ def test_a_task_that_is_not_the_first_is_no_array_id(cast, nodes):
     body = _array(cast, nodes, "0-3").json()
     second = Job.objects.get(array_id=body["id"], array_index=1)
     assert token_client(cast.ann_token).get(f"/api/v1/arrays/{second.pk}").status_code == 404
+
+
+def test_without_ids_from_a_sequence_the_tasks_come_out_the_same(cast, nodes, monkeypatch):
+    """SQLite (the demo) hands out ids only as it inserts: the ORM's path, which must make the same rows."""
+    from scheduling.services import arrays
+
+    fast = _array(cast, nodes, "2-6:2%1", env={"SEED": "1"}).json()
+    monkeypatch.setattr(arrays, "_reserve_ids", lambda count: None)
+    slow = _array(cast, nodes, "2-6:2%1", env={"SEED": "1"}).json()
+
+    def rows(array_id: int) -> list[tuple]:
+        out = []
+        for job in Job.objects.filter(array_id=array_id).order_by("array_index"):
+            env = {k: v for k, v in job.env.items() if k != "YARD_ARRAY_JOB_ID"}
+            reason = job.pending_reason.replace(str(array_id), "ID")
+            out.append((job.array_index, env, reason, job.checkpoint_dir.rsplit("/", 1)[-1] == str(job.pk), job.state))
+        return out
+
+    assert rows(fast["id"]) == rows(slow["id"])
+    assert Job.objects.get(pk=slow["id"]).env["YARD_ARRAY_JOB_ID"] == str(slow["id"])
+    assert JobEvent.objects.filter(job__array_id=slow["id"]).count() == 3
