@@ -53,7 +53,9 @@ class ArraySubmitted:
     verdict: str  # the admission verdict every task was given
 
 
-def job_array_submit(*, user: User, spec: JobSpec, array: str, idempotency_key: str | None = None) -> ArraySubmitted:
+def job_array_submit(
+    *, user: User, spec: JobSpec, array: str, idempotency_key: str | None = None, copied_from: Job | None = None
+) -> ArraySubmitted:
     """Validate once, run the admission check once, create every task PENDING in bulk; the same key and spec
     twice -> the same array.
 
@@ -73,7 +75,9 @@ def job_array_submit(*, user: User, spec: JobSpec, array: str, idempotency_key: 
     spec, verdict, now = job_admit(user=user, spec=spec)
     try:
         with transaction.atomic():
-            made = _create_array(user=user, spec=spec, parsed=parsed, key=idempotency_key, now=now, reason=verdict.reason)
+            made = _create_array(
+                user=user, spec=spec, parsed=parsed, key=idempotency_key, now=now, reason=verdict.reason, copied_from=copied_from
+            )
     except IntegrityError:
         # A concurrent retry with the same key won the race: answer with its array.
         if idempotency_key and (existing := _existing_array(user, idempotency_key, spec, parsed)) is not None:
@@ -122,10 +126,12 @@ def _reserve_ids(count: int) -> list[int] | None:
         return sorted(row[0] for row in cursor.fetchall())
 
 
-def _create_array(*, user: User, spec: JobSpec, parsed: ArraySpec, key: str | None, now: datetime, reason: str) -> JobArray:
+def _create_array(
+    *, user: User, spec: JobSpec, parsed: ArraySpec, key: str | None, now: datetime, reason: str, copied_from: Job | None
+) -> JobArray:
     ids = _reserve_ids(parsed.count)
     head_id = ids[0] if ids else None
-    template = job_row(user=user, spec=spec, now=now, pending_reason=reason, array_id=head_id)
+    template = job_row(user=user, spec=spec, now=now, pending_reason=reason, array_id=head_id, copied_from=copied_from)
     if ids is not None and head_id is not None:
         made = _new_array(head_id, parsed, now)
         _insert_tasks(template, parsed=parsed, ids=ids, key=key, spec=spec)
