@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import pairwise
 
 _PIECE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
 
@@ -33,7 +34,7 @@ class ArraySpec:
     @cached_property
     def step(self) -> int:
         """Slurm's SLURM_ARRAY_TASK_STEP: the one gap between indices when they are evenly spaced, else 1."""
-        gaps = {b - a for a, b in zip(self.indices, self.indices[1:], strict=False)}
+        gaps = {b - a for a, b in pairwise(self.indices)}
         return gaps.pop() if len(gaps) == 1 else 1
 
     def env(self, *, array_id: int, index: int) -> dict[str, str]:

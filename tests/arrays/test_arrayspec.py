@@ -4,6 +4,8 @@ than the maximum of tasks). Pure: no database."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -38,7 +40,7 @@ def test_any_list_of_ranges_reads_as_the_indices_it_names(chosen, limit, bracket
     assert (again.indices, again.max_running, again.text) == (spec.indices, spec.max_running, spec.text)
     env = spec.env(array_id=77, index=wanted[0])
     assert (env["YARD_ARRAY_TASK_MIN"], env["YARD_ARRAY_TASK_MAX"]) == (str(wanted[0]), str(wanted[-1]))
-    gaps = {b - a for a, b in zip(wanted, wanted[1:], strict=False)}
+    gaps = {b - a for a, b in pairwise(wanted)}
     assert env["YARD_ARRAY_TASK_STEP"] == str(gaps.pop() if len(gaps) == 1 else 1)
 
 
