@@ -129,3 +129,11 @@ def test_the_list_reads_the_same_number_of_queries_for_one_array_and_five(client
             assert client.get(reverse("jobs")).status_code == 200
         counts.append(len(ctx))
     assert counts[0] == counts[1]
+
+
+def test_a_tasks_page_says_which_array_and_index_it_is(client, cast):
+    array = _array(cast, "3-5")
+    task = Job.objects.get(array=array, array_index=4)
+    client.force_login(cast.ann)
+    body = client.get(reverse("job", args=[task.pk])).content.decode()
+    assert f'index 4 of <a href="{reverse("jobs")}?array={array.pk}">array #{array.pk}</a>' in body
