@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from itertools import pairwise
 
-_PIECE = re.compile(r"(\d+)(?:-(\d+)(?::(\d+))?)?")
+_PIECE = re.compile(r"([0-9]+)(?:-([0-9]+)(?::([0-9]+))?)?")
+_LIMIT = re.compile(r"[0-9]+")
 
 
 class ArraySpecError(ValueError):
@@ -61,7 +62,7 @@ def parse_array(text: str, *, max_size: int) -> ArraySpec:
         body = body[1:-1]  # "[0-4]%2", as scripts write it and sbatch takes it
     max_running: int | None = None
     if percent:
-        if not limit_text.isdigit():
+        if not _LIMIT.fullmatch(limit_text):
             raise ArraySpecError(f"%{limit_text}: after % give how many tasks may run at once, a whole number, e.g. 0-999%50")
         max_running = int(limit_text)
         if max_running < 1:

@@ -34,8 +34,14 @@ from scheduling.api.submission import (
 )
 from scheduling.core.types import Verdict
 from scheduling.models import Allocation, Job, JobArray, JobEvent, JobKind, Task
-from scheduling.selectors import access_job, access_job_manage, jobs_visible, task_log_read, task_log_tail
-from scheduling.selectors.arrays import array_state_counts
+from scheduling.selectors import (
+    access_job,
+    access_job_manage,
+    array_state_counts,
+    jobs_visible,
+    task_log_read,
+    task_log_tail,
+)
 from scheduling.services import MAX_REPLICAS, NEVER_RUNS, JobSpec, job_cancel, job_preview, job_spec_of
 from scheduling.states import JobState
 from tenants.selectors import units_visible
@@ -171,7 +177,9 @@ class JobListCreateView(_JobCollection):
         description="Submit a job: the API's JSON fields; or a job file as it is, translated here (docs/job-files.md): "
         "a Yardmaster job file or a kubeflow.org/v1 PyTorchJob/MPIJob manifest as application/yaml, a Slurm "
         'batch script as text/x-shellscript, or either as JSON {"format": ..., "file": ...}. A field of a file '
-        "that cannot be honoured is a 400 naming it; what is ignored without changing the result is in warnings.",
+        "that cannot be honoured is a 400 naming it; what is ignored without changing the result is in warnings. "
+        "With array (sbatch's --array, 0-999%50; or a script's #SBATCH --array), one job per index, checked once: "
+        "the answer is the array (its id, its task count), not a job.",
         request=_SUBMIT_REQUEST,
         parameters=[IDEMPOTENCY, *_FILE_PARAMS],
         responses={201: _SUBMITTED, 200: _SUBMITTED, 409: ERROR, **ERRORS},

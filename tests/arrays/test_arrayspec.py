@@ -45,7 +45,7 @@ def test_any_list_of_ranges_reads_as_the_indices_it_names(chosen, limit, bracket
 
 
 @FAST
-@given(st.text(alphabet="0123456789-,:%[] x", max_size=30))
+@given(st.one_of(st.text(alphabet="0123456789-,:%[] x", max_size=30), st.text(max_size=12)))
 def test_any_other_text_is_an_array_or_a_refusal_that_says_what_to_change(text):
     try:
         spec = parse_array(text, max_size=MAX)
@@ -78,6 +78,8 @@ def test_an_index_at_or_past_the_maximum_is_refused_without_expanding_the_range(
         ("   ", "Give the array's indices"),
         ("1-3:2:1", "is not an index or a range"),
         ("0-1000", "the cluster's maximum array size"),
+        ("0-9%\u00b2", "after % give how many"),  # a digit to str.isdigit, not to int()
+        ("\u0663", "is not an index or a range"),  # Arabic-Indic 3: indices are ASCII digits
     ],
 )
 def test_bad_arrays_are_refused_saying_what_to_change(text, says):

@@ -50,6 +50,12 @@ def test_submit_with_array_makes_the_tasks_and_says_how_to_follow_them(yard: Yar
     assert not Job.objects.filter(array=array, state=JobState.PENDING).exists()
 
 
+def test_test_only_shows_the_array_and_submits_nothing(yard: Yard, cast: Any) -> None:
+    done = yard.run("submit", "--team", cast.org.team_a.slug, "--array", "0-99%5", "--test-only", "--", "true", check=True)
+    assert "  array: 0-99%5" in done.stdout and "Admission (each task of the array, checked once)" in done.stdout
+    assert not Job.objects.exists()
+
+
 def test_a_bad_array_is_refused_with_what_to_change(yard: Yard, cast: Any) -> None:
     done = yard.run("submit", "--team", cast.org.team_a.slug, "--array", "5-1", "--", "true")
     assert done.returncode != 0

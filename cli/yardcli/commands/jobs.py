@@ -163,11 +163,14 @@ def list_jobs(team: str | None, states: tuple[str, ...], all_states: bool, limit
         _print_json(jobs)
         return
     rows = [
-        [j["id"], _task_of(j), j["name"], j["user"], j["team"]["slug"], j["state"], j["tier"], _shape(j),
-         _when(j["submitted_at"]), _reason(j)]
+        [j["id"], j["name"], j["user"], j["team"]["slug"], j["state"], j["tier"], _shape(j), _when(j["submitted_at"]), _reason(j)]
         for j in jobs
-    ]  # fmt: skip
-    _table(["ID", "ARRAY", "NAME", "USER", "TEAM", "STATE", "TIER", "GPUS", "SUBMITTED", "REASON / WHERE"], rows)
+    ]
+    columns = ["ID", "NAME", "USER", "TEAM", "STATE", "TIER", "GPUS", "SUBMITTED", "REASON / WHERE"]
+    if any(j.get("array_id") is not None for j in jobs):  # squeue's ARRAYID_INDEX, where there are array tasks
+        rows = [[row[0], _task_of(j), *row[1:]] for row, j in zip(rows, jobs, strict=True)]
+        columns.insert(1, "ARRAY")
+    _table(columns, rows)
     if not jobs:
         out.print("no jobs" + ("" if all_states or states else " pending or running (--all for finished ones)"))
 

@@ -91,6 +91,7 @@ def _print_preview(preview: dict[str, Any]) -> None:
         "container_mounts",
         "container_workdir",
         "env",
+        "array",
     ):
         if key in job and job[key] not in (None, "", {}, []):
             out.print(f"  {key}: {job[key]}", markup=False)
@@ -100,7 +101,8 @@ def _print_preview(preview: dict[str, Any]) -> None:
     out.print("  command:", markup=False)
     for line in str(job.get("command", "")).splitlines():
         out.print(f"    {line}", markup=False)
-    out.print(f"Admission: {preview['verdict']}" if preview["ok"] else f"Can never run: {preview['verdict']}", markup=False)
+    each = "Admission (each task of the array, checked once)" if job.get("array") else "Admission"
+    out.print(f"{each}: {preview['verdict']}" if preview["ok"] else f"Can never run: {preview['verdict']}", markup=False)
 
 
 def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
