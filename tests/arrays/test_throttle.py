@@ -9,7 +9,15 @@ from django.utils import timezone
 
 from scheduling.cycle import run_cycle_once
 from scheduling.models import Job, Task
-from scheduling.services import JobSpec, job_array_cancel, job_array_submit, job_submit, task_mark_exited, task_mark_running
+from scheduling.services import (
+    JobSpec,
+    job_array_cancel,
+    job_array_submit,
+    job_request_stop,
+    job_submit,
+    task_mark_exited,
+    task_mark_running,
+)
 from scheduling.states import ACTIVE_STATES, JobState
 from tests.factories import make_user
 
@@ -91,3 +99,19 @@ def test_another_teams_member_is_not_held_by_the_array(cast, nodes):
     solo = job_submit(user=cid, spec=JobSpec(name="solo", team=cast.org.team_b, command="true"))
     run_cycle_once()
     assert Job.objects.get(pk=solo.pk).state in ACTIVE_STATES
+
+
+def test_a_preempted_task_is_requeued_as_itself_and_goes_first_within_the_limit(cast, nodes):
+    array = _array(cast, "0-3%1")
+    run_cycle_once()
+    first = Job.objects.get(array=array, array_index=0)
+    task = Task.objects.get(job=first, attempt=1)
+    task_mark_running(task=task, pid=1, started_at=timezone.now())
+    job_request_stop(job=Job.objects.get(pk=first.pk), reason="PREEMPTED", grace_s=0, actor_label="scheduler")
+    task_mark_exited(task=Task.objects.get(pk=task.pk), exit_code=None, signal=15, stopped_by="sigterm", ended_at=timezone.now())
+    first.refresh_from_db()
+    assert (first.state, first.attempt, first.array_index) == (JobState.PENDING, 2, 0)
+    run_cycle_once()
+    assert _active(array) == [0]  # the requeued task again, not index 1: lowest first, still one at a time
+    assert Job.objects.get(pk=first.pk).attempt == 2
+    assert Job.objects.get(array=array, array_index=1).pending_reason.startswith("JobArrayTaskLimit")
