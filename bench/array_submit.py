@@ -120,7 +120,7 @@ def main() -> None:
             "array_submit.cycle_s_after",
             pct([c["total"] for c in after], 50) if supported and after else None,
             "s",
-            over=f"the worker's cycles just after, over {pending} PENDING jobs (arrays' %N filter included)",
+            over="the worker's cycles (median) just after the arrays, with them queued: the %N filter's share included",
         )
 
 

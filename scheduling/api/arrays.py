@@ -1,4 +1,5 @@
-"""REST API v1, job arrays: one array as a whole (its tasks per state) and cancelling all of it.
+"""REST API v1, job arrays: one array as a whole (its tasks per state), its limit on tasks running at once,
+and cancelling all of it.
 
 Its tasks are jobs, read, followed and cancelled one by one under /jobs (GET /jobs?array={id} lists
 them); an array is made by POST /jobs with ``array``. Its id is its first task's job id, so the access
@@ -18,13 +19,28 @@ from scheduling.api import serializers as s
 from scheduling.api.base import ERRORS, ID_PARAM, ApiView
 from scheduling.api.jobs import array_out
 from scheduling.selectors import access_array
-from scheduling.services import job_array_cancel
+from scheduling.services import job_array_cancel, job_array_throttle
 
 
 class JobArrayDetailView(ApiView):
     @extend_schema(operation_id="arrays_retrieve", parameters=[ID_PARAM], responses={200: s.JobArrayOut, **ERRORS})
     def get(self, request: Request, pk: int) -> Response:
         return Response(s.JobArrayOut(array_out(access_array(user=request.user, pk=pk))).data)
+
+    @extend_schema(
+        operation_id="arrays_throttle",
+        description="Change the most tasks running at once, as scontrol update ArrayTaskThrottle: raised, the next "
+        "cycle starts more; lowered, none is stopped and no more start until fewer run; null: no limit.",
+        request=s.JobArrayThrottleIn,
+        parameters=[ID_PARAM],
+        responses={200: s.JobArrayOut, **ERRORS},
+    )
+    def patch(self, request: Request, pk: int) -> Response:
+        body = s.JobArrayThrottleIn(data=request.data)
+        body.is_valid(raise_exception=True)
+        array = access_array(user=request.user, pk=pk, manage=True)
+        array = job_array_throttle(array=array, max_running=body.validated_data["max_running"], actor=cast(User, request.user))
+        return Response(s.JobArrayOut(array_out(array)).data)
 
 
 class JobArrayCancelView(ApiView):

@@ -519,6 +519,15 @@ class JobArraySubmitOut(JobArrayOut):
     warnings = serializers.ListField(child=serializers.CharField())
 
 
+class JobArrayThrottleIn(serializers.Serializer[Any]):
+    max_running = serializers.IntegerField(
+        min_value=1,
+        max_value=1_000_000,
+        allow_null=True,
+        help_text="The most tasks of the array running at once (the %N of --array); null: no limit",
+    )
+
+
 class JobArrayCancelOut(JobArrayOut):
     cancelled = serializers.IntegerField(help_text="Tasks this request cancelled (pending) or told to stop (running)")
 

@@ -18,6 +18,7 @@ from scheduling.services.arrays import (
     array_spec_parse,
     job_array_cancel,
     job_array_submit,
+    job_array_throttle,
     job_arrays_hold_reasons,
     max_array_size,
 )
@@ -72,6 +73,7 @@ __all__ = [
     "cycle_request",
     "job_array_cancel",
     "job_array_submit",
+    "job_array_throttle",
     "job_arrays_hold_reasons",
     "job_cancel",
     "job_preview",

@@ -3,8 +3,9 @@
 A task is an ordinary job (its own state, attempts, logs, exit code, preemption and accounting) with its
 array and index; its variables say which index it is (YARD_ARRAY_TASK_ID and its kin, the sbatch
 translation's SLURM_ARRAY_*). The submission is checked once for the whole array (fields, permission,
-the admission verdict: every task has the same shape) and written in bulk: ids reserved from the
-sequence, then one INSERT per few hundred tasks and their events, one audit entry for the array.
+the admission verdict: every task has the same shape) and written in bulk, in a fixed number of
+statements whatever its size: ids reserved from the sequence, one INSERT ... SELECT for the tasks and one
+for their events, one audit entry for the array.
 """
 
 from __future__ import annotations
@@ -307,3 +308,25 @@ def job_arrays_hold_reasons() -> int:
             .update(pending_reason=reason, estimated_start=None, reservation_domain="")
         )
     return changed
+
+
+@transaction.atomic
+def job_array_throttle(*, array: JobArray, max_running: int | None, actor: User) -> JobArray:
+    """Change the most tasks of the array running at once (Slurm's scontrol update ArrayTaskThrottle): the
+    next cycle places up to the new limit, or, lowered, starts none until fewer run (none is stopped)."""
+    if max_running is not None and max_running < 1:
+        raise ValidationError({"max_running": ["At least 1, or null for no limit"]})
+    before = array.max_running
+    JobArray.objects.filter(pk=array.pk).update(max_running=max_running)
+    array.max_running = max_running
+    head = Job.objects.select_related("team").get(pk=array.pk)
+    audit(
+        actor=actor,
+        action="job.throttle_array",
+        obj=head,
+        unit=head.team,
+        message=f"array {array.pk}: at most {max_running or 'any number of'} tasks at once (was {before or 'no limit'})",
+        data={"array": array.pk, "before": before, "after": max_running},
+    )
+    cycle_request()
+    return array

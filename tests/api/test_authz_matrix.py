@@ -68,6 +68,7 @@ MATRIX: dict[str, Callable[[Target], Call]] = {
     "POST /api/v1/jobs/{id}/cancel": lambda t: Call("post", f"/api/v1/jobs/{t.job}/cancel"),
     "GET /api/v1/jobs/{id}/logs": lambda t: Call("get", f"/api/v1/jobs/{t.job}/logs", {"tail": 10}),
     "GET /api/v1/arrays/{id}": lambda t: Call("get", f"/api/v1/arrays/{t.array}"),
+    "PATCH /api/v1/arrays/{id}": lambda t: Call("patch", f"/api/v1/arrays/{t.array}", {"max_running": 5}),
     "POST /api/v1/arrays/{id}/cancel": lambda t: Call("post", f"/api/v1/arrays/{t.array}/cancel"),
     "GET /api/v1/notebooks": lambda t: Call("get", "/api/v1/notebooks", {"team": t.team_slug}),
     "POST /api/v1/notebooks": lambda t: Call("post", "/api/v1/notebooks", {"name": "nb", "team": t.team_slug}),

@@ -42,6 +42,11 @@ def test_submit_with_array_makes_the_tasks_and_says_how_to_follow_them(yard: Yar
     table = yard.run("ls", "--array", str(array.pk), check=True).stdout
     assert f"{array.pk}_7" in table
 
+    throttled = yard.run("array", "throttle", str(array.pk), "7", check=True).stdout
+    assert "0-9%7 (10 tasks, at most 7 running at once)" in throttled
+    assert "0-9 (10 tasks)" in yard.run("array", "throttle", str(array.pk), "0", check=True).stdout
+    assert JobArray.objects.get(pk=array.pk).max_running is None
+
     one = Job.objects.get(array=array, array_index=2)
     yard.run("cancel", str(one.pk), check=True)
     assert Job.objects.get(pk=one.pk).state == JobState.CANCELLED

@@ -115,3 +115,30 @@ def test_a_preempted_task_is_requeued_as_itself_and_goes_first_within_the_limit(
     assert _active(array) == [0]  # the requeued task again, not index 1: lowest first, still one at a time
     assert Job.objects.get(pk=first.pk).attempt == 2
     assert Job.objects.get(array=array, array_index=1).pending_reason.startswith("JobArrayTaskLimit")
+
+
+def test_raising_the_limit_over_the_api_starts_more_at_the_next_cycle_and_lowering_it_starts_none(cast, nodes):
+    from tests.api.conftest import token_client
+
+    array = _array(cast, "0-5%1")
+    run_cycle_once()
+    assert _active(array) == [0]
+    client = token_client(cast.ann_token)
+    response = client.patch(f"/api/v1/arrays/{array.pk}", {"max_running": 3}, format="json")
+    assert response.status_code == 200, response.json()
+    assert response.json()["array"] == "0-5%3"
+    run_cycle_once()
+    assert _active(array) == [0, 1, 2]
+    assert Job.objects.get(array=array, array_index=4).pending_reason.startswith(
+        f"JobArrayTaskLimit: array {array.pk} runs at most 3"
+    )
+    assert client.patch(f"/api/v1/arrays/{array.pk}", {"max_running": 1}, format="json").status_code == 200
+    _finish(Job.objects.get(array=array, array_index=0))
+    run_cycle_once()
+    assert _active(array) == [1, 2]  # none stopped, none started while two still run
+    assert client.patch(f"/api/v1/arrays/{array.pk}", {"max_running": None}, format="json").status_code == 200
+    run_cycle_once()
+    assert _active(array) == [1, 2, 3, 4, 5]
+    assert client.patch(f"/api/v1/arrays/{array.pk}", {"max_running": 0}, format="json").status_code == 400
+    other = token_client(cast.bea_token).patch(f"/api/v1/arrays/{array.pk}", {"max_running": 9}, format="json")
+    assert other.status_code == 404

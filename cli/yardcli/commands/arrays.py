@@ -1,4 +1,5 @@
-"""yard array show, cancel: a job array as a whole (its tasks per state), and cancelling all of it.
+"""yard array show, throttle, cancel: a job array as a whole (its tasks per state), its limit on tasks
+running at once, and cancelling all of it.
 
 Its tasks are jobs: `yard ls --array ID` lists them, and `yard show`, `yard logs` and `yard cancel` take a
 task's own job id, as scancel takes ARRAYID_INDEX.
@@ -36,7 +37,7 @@ def _show(array: dict[str, Any]) -> None:
 
 @click.group("array")
 def array() -> None:
-    """Job arrays (yard submit --array 0-999%50): show one, cancel one."""
+    """Job arrays (yard submit --array 0-999%50): show one, change its limit, cancel one."""
 
 
 @array.command("show")
@@ -50,6 +51,21 @@ def show(array_id: int, as_json: bool) -> None:
         _print_json(found)
         return
     _show(found)
+
+
+@array.command("throttle")
+@click.argument("array_id", type=int)
+@click.argument("max_running", type=click.IntRange(0))
+@json_option
+@api_command
+def throttle(array_id: int, max_running: int, as_json: bool) -> None:
+    """Change the most tasks running at once, as scontrol update ArrayTaskThrottle (0: no limit). Lowered, none
+    is stopped: no more start until fewer run."""
+    answer = _api().request("PATCH", f"/api/v1/arrays/{array_id}", json={"max_running": max_running or None}).json()
+    if as_json:
+        _print_json(answer)
+        return
+    _show(answer)
 
 
 @array.command("cancel")
