@@ -33,6 +33,7 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
     "core_plan": ([], ["--quick"]),
     "cycle": ([], ["--quick"]),
     "api_submit": ([], ["--quick"]),
+    "array_submit": ([], ["--quick"]),
     "submit_cpu": ([], ["--posts", "100", "--rounds", "1"]),
     "apply_bulk": ([], ["--jobs", "1000", "--nodes", "125"]),
     "fill_e2e": ([], ["--quick"]),

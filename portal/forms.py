@@ -12,6 +12,7 @@ from django.db.models import QuerySet
 
 from scheduling import images
 from scheduling.models import LEAF_LOCALITY_CHOICES, Node, Tier
+from scheduling.services import array_spec_parse
 from tenants.models import OrgUnit, Quota, UnitKind
 
 ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -127,6 +128,13 @@ class JobForm(_TeamAndGpuTypeForm):
         label="Working directory in the container",
         help_text="Empty: the task's run directory",
     )
+    array = forms.CharField(
+        max_length=1000,
+        required=False,
+        label="Array",
+        help_text="A job array, as sbatch's --array: 0-99, 1,3,5-7 or 0-99:2, and %N for at most N running at once "
+        "(0-999%50). One job per index, each with $YARD_ARRAY_TASK_ID. Empty: one job",
+    )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -153,6 +161,16 @@ class JobForm(_TeamAndGpuTypeForm):
             return images.check_workdir((self.cleaned_data.get("container_workdir") or "").strip())
         except images.ImageError as exc:
             raise ValidationError(str(exc)) from None
+
+    def clean_array(self) -> str:
+        """The array's text, normalised ("" for one job); the service checks it again as it submits."""
+        text = (self.cleaned_data.get("array") or "").strip()
+        if not text:
+            return ""
+        try:
+            return array_spec_parse(text).text
+        except ValidationError as exc:
+            raise ValidationError(exc.message_dict["array"]) from None
 
     def spec_kwargs(self) -> dict[str, Any]:
         """The JobSpec fields (scheduling.services.JobSpec) from the cleaned data."""

@@ -30,6 +30,9 @@ def yard_settings(var_dir: Path) -> dict[str, object]:
         # Measure it on your fabric; "inf" makes every gang that one leaf could hold wait for one.
         "SPAN_SLOWDOWN": env_float("YARD_SPAN_SLOWDOWN", 0.25, minimum=0),
         "DEFAULT_TIME_LIMIT_S": env_int("YARD_DEFAULT_TIME_LIMIT_S", 24 * 3600, minimum=60),
+        # Job arrays (--array): indices run from 0 to this less one, so an array has at most this many tasks
+        # (Slurm's MaxArraySize). Each task is a job of its own in the queue and in every cycle's snapshot.
+        "MAX_ARRAY_SIZE": env_int("YARD_MAX_ARRAY_SIZE", 10_000, minimum=1),
         # CPU cores and memory beside GPUs. A job that does not say gets these per GPU of a replica (Slurm's
         # DefCpuPerGPU / DefMemPerGPU): under every usual node's share, so such jobs place as by GPUs alone.
         # Each node keeps a system reserve for the OS and the agent (Slurm's CoreSpecCount / MemSpecLimit,

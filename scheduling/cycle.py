@@ -30,7 +30,7 @@ from scheduling.cycle_placements import _PlacementWriter
 from scheduling.models import Job
 from scheduling.selectors import snapshot_build
 from scheduling.selectors.snapshot import Epoch, raw_rows
-from scheduling.services import StaleState, job_request_stop
+from scheduling.services import StaleState, job_arrays_hold_reasons, job_request_stop
 from scheduling.states import ACTIVE_STATES, JobState
 from tenants.services import audit
 
@@ -162,6 +162,8 @@ def apply_plan(*, lease: Lease, snapshot: Snapshot, plan_: Plan, now: datetime) 
     with transaction.atomic():
         lease_fence(lease)
         result.reasons_updated = _apply_reasons(plan_, placed=set(result.placed) | set(writer.skipped))
+        # The tasks an array's limit kept out of the snapshot: their reason is the limit's, not the plan's.
+        result.reasons_updated += job_arrays_hold_reasons()
     return result
 
 

@@ -4,7 +4,7 @@ Coming from Slurm: `yard submit`/`yard sbatch` ~ sbatch, `yard ls` ~ squeue, `ya
 `yard report` ~ sacct/sreport. Coming from Kubeflow: `yard submit pytorchjob.yaml` ~ kubectl apply -f.
 
 This module is only the root group and its commands' registration; each group lives in yardcli/commands/
-(auth, submit, jobs, notebooks, dev, ssh, serve, usage) and what they share in yardcli/commands/common.py.
+(auth, submit, jobs, arrays, notebooks, dev, ssh, serve, usage) and what they share in yardcli/commands/common.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import click
 
 from yardcli import __version__
 from yardcli.client import credentials
-from yardcli.commands import auth, dev, jobs, notebooks, registry, serve, ssh, submit, usage
+from yardcli.commands import arrays, auth, dev, jobs, notebooks, registry, serve, ssh, submit, usage
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -39,6 +39,7 @@ for command in (
     jobs.logs,
     jobs.cancel,
     jobs.rerun,
+    arrays.array,
     notebooks.notebook,
     dev.dev,
     ssh.ssh,

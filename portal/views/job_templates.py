@@ -36,6 +36,7 @@ def job_template_save(*, user: User, name: str, form: JobForm) -> JobTemplate:
         "image": data.get("image") or "",
         "container_mounts": images.mounts_text(data.get("container_mounts") or []),
         "container_workdir": data.get("container_workdir") or "",
+        "array": data.get("array") or "",
     }
     template, _ = JobTemplate.objects.update_or_create(user=user, name=name, defaults={"spec": spec})
     audit(actor=user, action="jobtemplate.save", obj=template, message=f"saved job template {name}")

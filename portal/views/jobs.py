@@ -12,7 +12,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
-from django.db.models import F, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect, StreamingHttpResponse
 from django.shortcuts import render
 from django.urls import reverse
@@ -25,9 +25,17 @@ from portal.views.common import add_service_errors, partial, signed_in
 from portal.views.job_templates import job_template_save, templates_of
 from portal.views.svg import sparklines
 from scheduling.core.reasons import memory_words
-from scheduling.models import Allocation, Job, TaskLogChunk, Tier
-from scheduling.selectors import access_job, access_job_manage, can_manage_job, job_tasks, jobs_visible
-from scheduling.services import JobSpec, job_cancel, job_preview, job_spec_of, job_submit
+from scheduling.models import Allocation, Job, JobArray, TaskLogChunk, Tier
+from scheduling.selectors import (
+    access_array,
+    access_job,
+    access_job_manage,
+    array_state_counts,
+    can_manage_job,
+    job_tasks,
+    jobs_visible,
+)
+from scheduling.services import JobSpec, array_spec_parse, job_array_submit, job_cancel, job_preview, job_spec_of, job_submit
 from scheduling.states import TERMINAL_STATES, JobState, TaskState
 from tenants.models import OrgUnit, Quota
 from tenants.selectors import is_cluster_admin, teams_submittable, teams_visible, units_administered
@@ -54,7 +62,7 @@ def _can_see_all(user: Any) -> bool:
 
 def _filtered(request: HttpRequest) -> tuple[QuerySet[Job], dict[str, str]]:
     user = request.user
-    params = {k: request.GET.get(k, "").strip() for k in ("scope", "state", "team", "gpu_type", "q", "sort")}
+    params = {k: request.GET.get(k, "").strip() for k in ("scope", "state", "team", "gpu_type", "q", "sort", "array")}
     scope = params["scope"] if params["scope"] in ("mine", "team", "all") else "mine"
     if scope == "all" and not _can_see_all(user):
         scope = "team"
@@ -72,6 +80,14 @@ def _filtered(request: HttpRequest) -> tuple[QuerySet[Job], dict[str, str]]:
         jobs = jobs.filter(gpu_type=params["gpu_type"])
     if params["q"]:
         jobs = jobs.filter(name__icontains=params["q"])
+    if params["array"].isdigit():
+        jobs = jobs.filter(array_id=int(params["array"]))  # an array's tasks, a row each
+    else:
+        params["array"] = ""
+        # An array is one row, its first task's, wherever any of its tasks matches the filters.
+        jobs = Job.objects.filter(
+            Q(pk__in=jobs.filter(array__isnull=True).values("pk")) | Q(pk__in=jobs.filter(array__isnull=False).values("array_id"))
+        )
     sort = params["sort"] if params["sort"] in SORTS else "newest"
     params["sort"] = sort
     jobs = jobs.annotate(gpus=F("replicas") * F("gpus_per_replica")).select_related("team", "user")
@@ -82,6 +98,12 @@ def _filtered(request: HttpRequest) -> tuple[QuerySet[Job], dict[str, str]]:
 def jobs_list(request: HttpRequest) -> HttpResponse:
     jobs, params = _filtered(request)
     page = Paginator(jobs, PAGE_SIZE).get_page(request.GET.get("page"))
+    if not params["array"]:
+        heads = [job for job in page.object_list if job.array_id is not None and job.array_id == job.pk]
+        arrays = JobArray.objects.in_bulk([job.pk for job in heads])
+        counts = array_state_counts(list(arrays))
+        for job in heads:
+            job.array_summary = _array_summary(arrays[job.pk], counts.get(job.pk, {}))
     keep = {k: v for k, v in params.items() if v}
     query = urlencode(keep)
     context = {
@@ -90,11 +112,52 @@ def jobs_list(request: HttpRequest) -> HttpResponse:
         "show_user": params["scope"] != "mine",
         "query": query,
         "states": JobState.choices,
+        "array": JobArray.objects.filter(pk=int(params["array"])).first() if params["array"] else None,
         "teams": teams_visible(user=request.user),
         "can_see_all": _can_see_all(request.user),
         "scopes": [("mine", "Mine"), ("team", "My teams")] + ([("all", "All")] if _can_see_all(request.user) else []),
     }
     return render(request, partial(request, "portal/jobs.html", "results"), context)
+
+
+@dataclass
+class ArraySummary:
+    """A job array's row in the list: its indices, its tasks per state and, opened, its first tasks."""
+
+    array: JobArray
+    counts: list[tuple[str, str, int]]  # (label, state, tasks), busiest states first
+    tasks: list[Job] = field(default_factory=list)
+    open: bool = False
+
+    @property
+    def more(self) -> int:
+        return self.array.task_count - len(self.tasks) if self.open else 0
+
+
+ARRAY_TASKS_SHOWN = 50
+_STATE_ORDER = [JobState.RUNNING, JobState.STARTING, JobState.PREEMPTING, JobState.PENDING, JobState.COMPLETED,
+                JobState.FAILED, JobState.CANCELLED, JobState.PREEMPTED, JobState.LOST]  # fmt: skip
+
+
+def _array_summary(array: JobArray, counts: dict[str, int]) -> ArraySummary:
+    ordered = [(state.label, state.value, counts[state]) for state in _STATE_ORDER if counts.get(state)]
+    return ArraySummary(array=array, counts=ordered)
+
+
+@login_required
+@require_GET
+def job_array_rows(request: HttpRequest, pk: int) -> HttpResponse:
+    """An array's rows of the job list (htmx): the array alone, or opened (?open=1) with its first tasks."""
+    array = access_array(user=request.user, pk=pk)
+    head = access_job(user=request.user, pk=pk)
+    summary = _array_summary(array, array_state_counts([array.pk]).get(array.pk, {}))
+    if request.GET.get("open") == "1":
+        summary.open = True
+        summary.tasks = list(
+            Job.objects.filter(array=array).select_related("team", "user").order_by("array_index")[:ARRAY_TASKS_SHOWN]
+        )
+    context = {"job": head, "summary": summary, "show_user": request.GET.get("user") == "1"}
+    return render(request, "portal/_array_rows.html", context)
 
 
 # --------------------------------------------------------------------------- job page
@@ -416,9 +479,11 @@ def _preview(request: HttpRequest, form: JobForm) -> HttpResponse:
         data = request.POST.copy()
         data["name"] = "(unnamed)"
         form = JobForm(data, teams=form.fields["team"].queryset)  # type: ignore[attr-defined]
+    tasks = 0
     if form.is_valid():
         try:
             verdict = job_preview(user=signed_in(request), spec=JobSpec(**form.spec_kwargs()))
+            tasks = array_spec_parse(form.cleaned_data["array"]).count if form.cleaned_data["array"] else 0
         except ValidationError as error:
             errors = error.messages
     else:
@@ -426,7 +491,8 @@ def _preview(request: HttpRequest, form: JobForm) -> HttpResponse:
             f"{form.fields[k].label or k}: {' '.join(map(str, v))}" if k in form.fields else " ".join(map(str, v))
             for k, v in form.errors.items()
         ]
-    return render(request, "portal/job_submit.html#preview", {"verdict": verdict, "preview_errors": errors})
+    context = {"verdict": verdict, "preview_errors": errors, "array_tasks": tasks}
+    return render(request, "portal/job_submit.html#preview", context)
 
 
 @login_required
@@ -446,6 +512,15 @@ def job_submit_view(request: HttpRequest) -> HttpResponse:
         return _save_template(request, form, source)
     if form.is_valid():
         try:
+            if form.cleaned_data["array"]:
+                made = job_array_submit(
+                    user=signed_in(request),
+                    spec=JobSpec(**form.spec_kwargs()),
+                    array=form.cleaned_data["array"],
+                    copied_from=source,
+                )
+                messages.success(request, f"Submitted array {made.array.pk}: {made.array.task_count} jobs ({made.array.text})")
+                return HttpResponseRedirect(f"{reverse('jobs')}?array={made.array.pk}")
             job = job_submit(user=signed_in(request), spec=JobSpec(**form.spec_kwargs()), copied_from=source)
             messages.success(request, f"Submitted job {job.pk}")
             return HttpResponseRedirect(reverse("job", args=[job.pk]))

@@ -7,6 +7,7 @@ from portal.views import cluster, dev_sessions, fairshare, jobs, notebooks, quot
 urlpatterns: list[URLPattern | URLResolver] = [
     path("jobs/", jobs.jobs_list, name="jobs"),
     path("jobs/new/", jobs.job_submit_view, name="job-submit"),
+    path("jobs/arrays/<int:pk>/rows/", jobs.job_array_rows, name="job-array-rows"),
     path("jobs/<int:pk>/", jobs.job_detail, name="job"),
     path("jobs/<int:pk>/log/", jobs.job_log_download, name="job-log"),
     path("jobs/<int:pk>/cancel/", jobs.job_cancel_view, name="job-cancel"),

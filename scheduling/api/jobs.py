@@ -23,10 +23,25 @@ from rest_framework.response import Response
 from scheduling.api import serializers as s
 from scheduling.api.base import ERROR, ERRORS, ID_PARAM, IDEMPOTENCY, ApiView, BoundedJSONParser, JobCursor, _team_from_ref
 from scheduling.api.schema import query_text
-from scheduling.api.submission import JOB_FILE_PARSERS, _never_runnable, _spec_from, _submission, _submit, _submit_once
+from scheduling.api.submission import (
+    JOB_FILE_PARSERS,
+    _never_runnable,
+    _spec_from,
+    _submission,
+    _submit,
+    _submit_array_once,
+    _submit_once,
+)
 from scheduling.core.types import Verdict
-from scheduling.models import Allocation, Job, JobEvent, JobKind, Task
-from scheduling.selectors import access_job, access_job_manage, jobs_visible, task_log_read, task_log_tail
+from scheduling.models import Allocation, Job, JobArray, JobEvent, JobKind, Task
+from scheduling.selectors import (
+    access_job,
+    access_job_manage,
+    array_state_counts,
+    jobs_visible,
+    task_log_read,
+    task_log_tail,
+)
 from scheduling.services import MAX_REPLICAS, NEVER_RUNS, JobSpec, job_cancel, job_preview, job_spec_of
 from scheduling.states import JobState
 from tenants.selectors import units_visible
@@ -79,6 +94,8 @@ class _JobCollection(ApiView):
             jobs = jobs.filter(tier=f["tier"])
         if "since" in f:
             jobs = jobs.filter(submitted_at__gte=f["since"])
+        if "array" in f:
+            jobs = jobs.filter(array_id=f["array"])
         paginator = self.pagination_class()
         page = paginator.paginate_queryset(jobs, request, view=self)
         return paginator.get_paginated_response(s.JobOut(page, many=True).data)
@@ -104,6 +121,7 @@ _LIST_PARAMS = [
     OpenApiParameter("user", query_text("Username", max_length=150)),
     OpenApiParameter("tier", OpenApiTypes.INT, enum=[1, 2, 3]),
     OpenApiParameter("since", OpenApiTypes.DATETIME, description="Submitted at or after"),
+    OpenApiParameter("array", {"type": "integer", "minimum": 1, "maximum": 2**62}, description="The tasks of this job array"),
     OpenApiParameter("cursor", query_text("From the previous page's next/previous link", max_length=1000)),
     OpenApiParameter("page_size", {"type": "integer", "minimum": 1, "maximum": 200}, description="At most 200"),
 ]
@@ -123,6 +141,30 @@ _SUBMIT_REQUEST = {
 }
 
 
+_SUBMITTED = PolymorphicProxySerializer(
+    component_name="JobSubmitResponse",
+    serializers=[s.JobSubmitOut, s.JobArraySubmitOut],
+    resource_type_field_name=None,
+)
+
+
+def array_out(array: JobArray) -> dict[str, Any]:
+    """The array as JobArrayOut shows it: its first task's name, team and owner (all its tasks share them)."""
+    head = Job.objects.select_related("team", "user").get(pk=array.pk)
+    return {
+        "id": array.pk,
+        "name": head.name,
+        "team": head.team,
+        "user": head.user.get_username(),
+        "array": array.text,
+        "task_count": array.task_count,
+        "max_running": array.max_running,
+        "states": array_state_counts([array.pk]).get(array.pk, {}),
+        "submitted_at": array.submitted_at,
+        "tasks": f"/api/v1/jobs?array={array.pk}",
+    }
+
+
 class JobListCreateView(_JobCollection):
     parser_classes = [BoundedJSONParser, *JOB_FILE_PARSERS]
 
@@ -135,16 +177,27 @@ class JobListCreateView(_JobCollection):
         description="Submit a job: the API's JSON fields; or a job file as it is, translated here (docs/job-files.md): "
         "a Yardmaster job file or a kubeflow.org/v1 PyTorchJob/MPIJob manifest as application/yaml, a Slurm "
         'batch script as text/x-shellscript, or either as JSON {"format": ..., "file": ...}. A field of a file '
-        "that cannot be honoured is a 400 naming it; what is ignored without changing the result is in warnings.",
+        "that cannot be honoured is a 400 naming it; what is ignored without changing the result is in warnings. "
+        "With array (sbatch's --array, 0-999%50; or a script's #SBATCH --array), one job per index, checked once: "
+        "the answer is the array (its id, its task count), not a job.",
         request=_SUBMIT_REQUEST,
         parameters=[IDEMPOTENCY, *_FILE_PARAMS],
-        responses={201: s.JobSubmitOut, 200: s.JobSubmitOut, 409: ERROR, **ERRORS},
+        responses={201: _SUBMITTED, 200: _SUBMITTED, 409: ERROR, **ERRORS},
     )
     def post(self, request: Request) -> Response:
         fields, translation = _submission(request)
         user = cast(User, request.user)  # IsAuthenticated let it through
         key = request.headers.get("Idempotency-Key") or None
+        array = fields.pop("array", "")
         spec = _spec_from(fields, user=request.user, kind=JobKind.BATCH)
+        if array:
+            made = _submit_array_once(user, spec, array=array, key=key)
+            out = array_out(made.array) | {
+                "verdict": made.verdict,
+                "translated_from": translation.source if translation else None,
+                "warnings": translation.warnings if translation else [],
+            }
+            return Response(s.JobArraySubmitOut(out).data, status=status.HTTP_201_CREATED if made.created else status.HTTP_200_OK)
         job, created = _submit_once(user, spec, key=key)
         context = {
             "viewer": request.user,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import ProhibitNullCharactersValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
@@ -12,7 +13,7 @@ from rest_framework import serializers
 from scheduling import images
 from scheduling.models import LEAF_LOCALITY_CHOICES, Job, JobEvent, JobKind, Task, Tier
 from scheduling.selectors import can_manage_job
-from scheduling.services import MAX_GPUS_PER_REPLICA, MAX_REPLICAS, MAX_TIME_LIMIT_S
+from scheduling.services import MAX_GPUS_PER_REPLICA, MAX_REPLICAS, MAX_TIME_LIMIT_S, array_spec_parse
 from scheduling.states import JobState, TaskState
 
 _NO_NUL = [ProhibitNullCharactersValidator()]
@@ -172,6 +173,23 @@ class JobSubmitIn(FieldsBuiltOnce, ContainerFieldsIn):
         allow_null=True,
         help_text="Memory (MiB) each replica is given on its node (left out: YARD_DEFAULT_MEMORY_MB_PER_GPU per GPU)",
     )
+    array = serializers.CharField(
+        max_length=1000,
+        required=False,
+        allow_blank=True,
+        validators=_NO_NUL,
+        help_text="A job array, as sbatch's --array: indices 0-999, 1,3,5-7 or 0-99:2, and %N for at most N tasks "
+        "running at once (0-999%50). Each index becomes a job of its own with YARD_ARRAY_TASK_ID set; the answer "
+        "is the array (its id is its first task's job id). Empty: one job",
+    )
+
+    def validate_array(self, value: str) -> str:
+        if not value.strip():
+            return ""
+        try:
+            return array_spec_parse(value).text
+        except DjangoValidationError as exc:
+            raise serializers.ValidationError(exc.message_dict["array"]) from None
 
 
 class NotebookSubmitIn(serializers.Serializer[Any]):
@@ -246,6 +264,7 @@ class JobListFilterIn(QueryIn):
     user = serializers.CharField(max_length=150, required=False, validators=_NO_NUL, help_text="Username")
     tier = serializers.ChoiceField(choices=Tier.choices, required=False)
     since = serializers.DateTimeField(required=False, help_text="Submitted at or after (ISO 8601)")
+    array = serializers.IntegerField(min_value=1, max_value=2**62, required=False, help_text="The tasks of this job array")
     # Read by the paginator (JobCursor); here so that an empty one is an error like any other parameter's.
     cursor = serializers.CharField(max_length=1000, required=False)
     page_size = serializers.IntegerField(min_value=1, max_value=200, required=False)
@@ -291,7 +310,7 @@ class JobOut(FieldsBuiltOnce, serializers.ModelSerializer[Any]):
             "id", "name", "kind", "state", "team", "user", "tier", "replicas", "gpus_per_replica", "gpus", "gpu_type",
             "priority", "leaf_locality", "one_fabric", "one_per_node", "cpus_per_replica", "memory_mb_per_replica", "attempt",
             "submitted_at", "started_at", "ended_at", "pending_reason", "estimated_start", "locality", "borrowed", "exit_code",
-            "image",
+            "image", "array_id", "array_index",
         ]  # fmt: skip
 
 
@@ -502,6 +521,40 @@ class MyTeamQuotaOut(serializers.Serializer[Any]):
 class MyQuotaOut(serializers.Serializer[Any]):
     teams = MyTeamQuotaOut(many=True)
     half_life_days = serializers.FloatField(help_text="Half-life of the usage decay")
+
+
+class JobArrayOut(serializers.Serializer[Any]):
+    """A job array: its tasks are jobs (GET /api/v1/jobs?array={id}); this is the array as one."""
+
+    id = serializers.IntegerField(help_text="The array's id: its first task's job id (Slurm's SLURM_ARRAY_JOB_ID)")
+    name = serializers.CharField()
+    team = TeamRefOut()
+    user = serializers.CharField()
+    array = serializers.CharField(help_text="As sbatch's --array takes it: 0-999%50")
+    task_count = serializers.IntegerField()
+    max_running = serializers.IntegerField(allow_null=True, help_text="The most tasks running at once; null: no limit")
+    states = serializers.DictField(child=serializers.IntegerField(), help_text="Its tasks per state")
+    submitted_at = serializers.DateTimeField()
+    tasks = serializers.CharField(help_text="Where its tasks are listed")
+
+
+class JobArraySubmitOut(JobArrayOut):
+    verdict = serializers.CharField(help_text="The admission verdict, checked once for every task (all have one shape)")
+    translated_from = serializers.CharField(allow_null=True, help_text="The job file's format, or null for the API's own JSON")
+    warnings = serializers.ListField(child=serializers.CharField())
+
+
+class JobArrayThrottleIn(serializers.Serializer[Any]):
+    max_running = serializers.IntegerField(
+        min_value=1,
+        max_value=1_000_000,
+        allow_null=True,
+        help_text="The most tasks of the array running at once (the %N of --array); null: no limit",
+    )
+
+
+class JobArrayCancelOut(JobArrayOut):
+    cancelled = serializers.IntegerField(help_text="Tasks this request cancelled (pending) or told to stop (running)")
 
 
 class JobPreviewOut(serializers.Serializer[Any]):

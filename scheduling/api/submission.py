@@ -24,7 +24,7 @@ from rest_framework.request import Request
 from scheduling import jobfiles
 from scheduling.api import serializers as s
 from scheduling.models import Job, JobKind, Node
-from scheduling.services import NEVER_RUNS, JobSpec, job_submit
+from scheduling.services import NEVER_RUNS, ArraySubmitted, JobSpec, job_array_submit, job_submit
 from tenants.models import Quota, UnitKind
 from tenants.selectors import team_submittable, teams_submittable
 
@@ -194,6 +194,18 @@ def _submit_once(user: User, spec: JobSpec, *, key: str | None) -> tuple[Job, bo
     with _one_at_a_time(user, key):
         job = _submit(user, spec, key=key)
     return job, hasattr(job, "submit_event")
+
+
+def _submit_array_once(user: User, spec: JobSpec, *, array: str, key: str | None) -> ArraySubmitted:
+    """job_array_submit under the same Idempotency-Key lock, "can never run" told apart as _submit does."""
+    with _one_at_a_time(user, key):
+        try:
+            return job_array_submit(user=user, spec=spec, array=array, idempotency_key=key)
+        except ValidationError as exc:
+            never = _never_runnable(exc)
+            if never is not None:
+                raise never from None
+            raise
 
 
 @contextmanager

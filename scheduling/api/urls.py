@@ -1,12 +1,12 @@
 """REST API v1, mounted at /api/v1/ (portal/urls.py). Every operation is in the authorization matrix test.
 
-One module per resource: jobs.py, notebooks.py, dev_sessions.py, ssh_keys.py, teams.py (teams and me),
+One module per resource: jobs.py, arrays.py, notebooks.py, dev_sessions.py, ssh_keys.py, teams.py (teams and me),
 registry.py; base.py is what they share, submission.py what a submission's body becomes.
 """
 
 from django.urls import URLPattern, URLResolver, path
 
-from scheduling.api import dev_sessions, jobs, notebooks, registry, services, ssh_keys, teams
+from scheduling.api import arrays, dev_sessions, jobs, notebooks, registry, services, ssh_keys, teams
 
 app_name = "api"
 urlpatterns: list[URLPattern | URLResolver] = [
@@ -16,6 +16,8 @@ urlpatterns: list[URLPattern | URLResolver] = [
     path("jobs/<int:pk>/cancel", jobs.JobCancelView.as_view(), name="job-cancel"),
     path("jobs/<int:pk>/logs", jobs.JobLogsView.as_view(), name="job-logs"),
     path("jobs/<int:pk>/rerun", jobs.JobRerunView.as_view(), name="job-rerun"),
+    path("arrays/<int:pk>", arrays.JobArrayDetailView.as_view(), name="array"),
+    path("arrays/<int:pk>/cancel", arrays.JobArrayCancelView.as_view(), name="array-cancel"),
     path("notebooks", notebooks.NotebookListCreateView.as_view(), name="notebooks"),
     path("notebooks/<int:pk>", notebooks.NotebookDetailView.as_view(), name="notebook"),
     path("notebooks/<int:pk>/stop", notebooks.NotebookStopView.as_view(), name="notebook-stop"),

@@ -24,7 +24,7 @@ MAX_FILE_BYTES = 1024 * 1024
 JOB_FIELDS = (
     "name", "team", "tier", "replicas", "gpus_per_replica", "gpu_type", "command", "env",
     "time_limit_s", "checkpoint_dir", "priority", "leaf_locality", "one_fabric", "one_per_node",
-    "image", "container_mounts", "container_workdir",
+    "image", "container_mounts", "container_workdir", "array",
 )  # fmt: skip
 YARDMASTER_API_VERSION = "yardmaster.io/v1"
 KUBEFLOW_API_VERSION = "kubeflow.org/v1"

@@ -24,8 +24,14 @@ from scheduling.jobfiles.slurm_options import (
 from scheduling.jobfiles.slurm_shims import SCONTROL_SHIM, SRUN_OPTION_WORDS, SRUN_SHIM
 
 _SHELLS = {"sh", "bash", "dash", "ksh", "zsh"}
+# %A and %a as Slurm fills them outside an array too: the job's own id, and NO_VAL (4294967294).
 _OUTPUT_PATTERNS = {"%j": "${SLURM_JOB_ID}", "%J": "${SLURM_JOB_ID}", "%x": "${SLURM_JOB_NAME}", "%u": "${USER:-$(id -un)}",
-                    "%N": "$(hostname -s)", "%n": "${SLURM_NODEID}", "%t": "${SLURM_NODEID}", "%%": "%"}  # fmt: skip
+                    "%N": "$(hostname -s)", "%n": "${SLURM_NODEID}", "%t": "${SLURM_NODEID}", "%%": "%",
+                    "%A": "${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}", "%a": "${SLURM_ARRAY_TASK_ID:-4294967294}"}  # fmt: skip
+# The symbols that are numbers, which sbatch zero-pads to a width given between % and the letter (%4a).
+_NUMERIC_PATTERNS = {"%j": "$SLURM_JOB_ID", "%J": "$SLURM_JOB_ID", "%n": "$SLURM_NODEID", "%t": "$SLURM_NODEID",
+                     "%A": "${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}", "%a": "${SLURM_ARRAY_TASK_ID:-4294967294}"}  # fmt: skip
+_WIDTH = re.compile(r"%(\d+)([A-Za-z])")
 
 
 def translate_slurm(script: str, *, gpu_types: Sequence[str] = ()) -> Translation:
@@ -211,6 +217,9 @@ def translate_slurm(script: str, *, gpu_types: Sequence[str] = ()) -> Translatio
                     f"{d.place}: a gang waits for one leaf switch only while that costs less than spanning leaves "
                     "(leaf_locality auto, weighed against YARD_SPAN_SLOWDOWN), not for a count or a fixed time"
                 )
+        elif option == "array":
+            # Checked where the API's own field is (scheduling/arrayspec.py), its error located here.
+            out.set("array", value, d.place)
         elif option == "segment" and (segment_nodes := positive(d, errors)) is not None:
             segment = (segment_nodes, d)
     if gpu_type_from is not None and "gpu_type" not in out.fields:
@@ -298,6 +307,11 @@ def translate_slurm(script: str, *, gpu_types: Sequence[str] = ()) -> Translatio
         # under an agent that does not send them.
         'export SLURM_JOB_NODELIST="${YARD_NODELIST:-$(hostname -s)}" SLURM_NODELIST="${YARD_NODELIST:-$(hostname -s)}" '
         'SLURMD_NODENAME="$(hostname -s)" SLURM_CLUSTER_NAME=yardmaster',
+        # A task of a job array (--array): SLURM_JOB_ID is its own job id, SLURM_ARRAY_JOB_ID its array's.
+        'if [ -n "${YARD_ARRAY_JOB_ID:-}" ]; then export SLURM_ARRAY_JOB_ID="$YARD_ARRAY_JOB_ID" '
+        'SLURM_ARRAY_TASK_ID="$YARD_ARRAY_TASK_ID" SLURM_ARRAY_TASK_COUNT="$YARD_ARRAY_TASK_COUNT" '
+        'SLURM_ARRAY_TASK_MIN="$YARD_ARRAY_TASK_MIN" SLURM_ARRAY_TASK_MAX="$YARD_ARRAY_TASK_MAX" '
+        'SLURM_ARRAY_TASK_STEP="$YARD_ARRAY_TASK_STEP"; fi',
         SRUN_SHIM.replace("__WORDS__", SRUN_OPTION_WORDS),
         SCONTROL_SHIM,
     ]
@@ -389,11 +403,16 @@ def _output_path(pattern: str, d: Directive, errors: Errors) -> str:
     i = 0
     while i < len(pattern):
         if pattern[i] == "%":
+            wide = _WIDTH.match(pattern, i)
+            if wide is not None and f"%{wide.group(2)}" in _NUMERIC_PATTERNS:
+                pieces.append(f'$(printf %0{int(wide.group(1))}d "{_NUMERIC_PATTERNS["%" + wide.group(2)]}")')
+                i = wide.end()
+                continue
             symbol = pattern[i : i + 2]
             if symbol in _OUTPUT_PATTERNS:
                 pieces.append(_OUTPUT_PATTERNS[symbol])
             else:
-                errors.add(d.place, f"{symbol!r} is not a file-name symbol Yardmaster fills (%j, %x, %u, %N, %n, %t, %%)")
+                errors.add(d.place, f"{symbol!r} is not a file-name symbol Yardmaster fills (%j, %A, %a, %x, %u, %N, %n, %t, %%)")
             i += 2
             continue
         char = pattern[i]

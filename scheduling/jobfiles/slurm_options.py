@@ -59,7 +59,6 @@ SLURM_WARN = {
 }  # fmt: skip
 # Refused: ignoring them would change the result (where, when or how often the job runs, or what it computes).
 SLURM_REFUSED = {
-    "array": "job arrays are not supported: submit one job per task (a loop of `yard submit`)",
     "dependency": "job dependencies are not supported: chain jobs with `yard submit --wait` in your pipeline",
     "begin": "a delayed start is not supported: submit when the job should start",
     "deadline": "deadlines are not supported: give --time",
@@ -92,7 +91,7 @@ SLURM_REFUSED = {
 SLURM_HONOURED = {
     "job-name", "nodes", "ntasks", "ntasks-per-node", "gpus", "gpus-per-node", "gpus-per-task", "gres", "time",
     "partition", "qos", "account", "output", "error", "chdir", "export", "nice", "priority", "time-min",
-    "switches", "cpus-per-task", "cpus-per-gpu", "mem", "mem-per-cpu", "mem-per-gpu", "segment",
+    "switches", "cpus-per-task", "cpus-per-gpu", "mem", "mem-per-cpu", "mem-per-gpu", "segment", "array",
 }  # fmt: skip
 
 

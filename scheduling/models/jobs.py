@@ -38,6 +38,36 @@ LEAF_LOCALITY_CHOICES = [
 ]
 
 
+class JobArray(models.Model):
+    """A job array (Slurm's --array): one submission of many tasks, each a Job of its own.
+
+    Its id is its first task's job id, as Slurm's SLURM_ARRAY_JOB_ID; the tasks' own rows say their index.
+    """
+
+    id = models.BigIntegerField(primary_key=True)
+    # The indices as submitted, normalised ("0-999:2", "1,3,5-7"), without the limit.
+    indices = models.CharField(max_length=1000)
+    task_count = models.PositiveIntegerField()
+    # Slurm's %N: the most of its tasks running at once (the cycle places no more); null: no limit.
+    max_running = models.PositiveIntegerField(null=True, blank=True)
+    submitted_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(max_running__isnull=True) | Q(max_running__gte=1), name="jobarray_max_running_positive"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"array {self.pk} [{self.text}]"
+
+    @property
+    def text(self) -> str:
+        """As sbatch's --array takes it: "0-999%50"."""
+        return self.indices + (f"%{self.max_running}" if self.max_running is not None else "")
+
+
 class Job(models.Model):
     name = models.CharField(max_length=200)
     team = models.ForeignKey(OrgUnit, on_delete=models.PROTECT, related_name="jobs")
@@ -105,6 +135,9 @@ class Job(models.Model):
     )
     service_revision = models.PositiveIntegerField(null=True, blank=True)
     drain_started_at = models.DateTimeField(null=True, blank=True)
+    # A task of a job array (docs: "Job arrays"): its array and its index in it (SLURM_ARRAY_TASK_ID).
+    array = models.ForeignKey(JobArray, null=True, blank=True, on_delete=models.CASCADE, related_name="tasks")
+    array_index = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["-submitted_at", "-id"]
@@ -116,10 +149,14 @@ class Job(models.Model):
             ),
             models.CheckConstraint(condition=Q(replicas__gte=1) & Q(gpus_per_replica__gte=1), name="job_gang_not_empty"),
             models.CheckConstraint(condition=Q(tier__gte=1) & Q(tier__lte=3), name="job_tier_1_to_3"),
+            models.UniqueConstraint(
+                fields=["array", "array_index"], condition=Q(array__isnull=False), name="job_unique_array_index"
+            ),
         ]
         indexes = [
             models.Index(fields=["team", "state"]),
             models.Index(fields=["user", "state"]),
+            models.Index(fields=["array", "state"], condition=Q(array__isnull=False), name="job_array_state"),
         ]
 
     def __str__(self) -> str:

@@ -10,6 +10,7 @@ One module per concern (this package is what the rest of Yardmaster imports):
   admission check, where a team stands in fair share;
 - topology.py   — the nodes and healthy GPUs as the core's topology, cached while unchanged, and the
   cluster's capacity for admission;
+- arrays.py     — which pending tasks of a job array wait for its limit on tasks running at once;
 - snapshot.py   — ``snapshot_build``, the one place that turns database rows into the core's snapshot;
 - invariants.py — what must never be true of the cluster's state;
 - config.py     — numbers from settings.YARD and the core's ``Config``.
@@ -18,6 +19,7 @@ Views and tasks never filter jobs by tenant themselves: they call ``jobs_visible
 ``access_job*``, so none can forget the check.
 """
 
+from scheduling.selectors.arrays import access_array, array_limit_reason, array_state_counts, array_tasks_held
 from scheduling.selectors.config import scheduler_config, yard_number
 from scheduling.selectors.invariants import invariant_violations
 from scheduling.selectors.jobs import (
@@ -50,8 +52,12 @@ from scheduling.selectors.usage import (
 __all__ = [
     "LOG_READ_MAX_BYTES",
     "MIG_NODE_MARK",
+    "access_array",
     "access_job",
     "access_job_manage",
+    "array_limit_reason",
+    "array_state_counts",
+    "array_tasks_held",
     "borrowed_beyond",
     "can_manage_job",
     "cluster_capacity",

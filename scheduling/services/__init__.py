@@ -5,6 +5,7 @@ One module per concern (this package is what the rest of Yardmaster imports):
 - common.py    — the state transition, the stop reasons and limits, event notes, the cycle request;
 - submit.py    — a job's spec, the checks a submission passes, admission and preview, creation;
 - lifecycle.py — stop, cancel, requeue; the agents' task reports; how a gang's last rank settles it;
+- arrays.py    — job arrays: N tasks submitted in one checked, bulk write; cancelling them all;
 - nodes.py     — a node lost (its gangs requeued once, whole); drain and resume.
 
 Everything from "submit" on is the contract of docs: services-contract (submit, cancel, stop,
@@ -12,6 +13,15 @@ requeue, task reports, node loss). Each change is conditional (a second caller f
 and leaves a JobEvent; user actions and scheduler decisions leave an AuditEntry too.
 """
 
+from scheduling.services.arrays import (
+    ArraySubmitted,
+    array_spec_parse,
+    job_array_cancel,
+    job_array_submit,
+    job_array_throttle,
+    job_arrays_hold_reasons,
+    max_array_size,
+)
 from scheduling.services.common import (
     MAX_GPUS_PER_REPLICA,
     MAX_REPLICAS,
@@ -54,11 +64,17 @@ __all__ = [
     "NODE_LOST_GRACE_S",
     "QUEUED",
     "STOP_REASONS",
+    "ArraySubmitted",
     "IdempotencyConflict",
     "JobSpec",
     "StaleState",
     "StartReport",
+    "array_spec_parse",
     "cycle_request",
+    "job_array_cancel",
+    "job_array_submit",
+    "job_array_throttle",
+    "job_arrays_hold_reasons",
     "job_cancel",
     "job_preview",
     "job_request_stop",
@@ -66,6 +82,7 @@ __all__ = [
     "job_spec_of",
     "job_submit",
     "job_transition",
+    "max_array_size",
     "node_hold",
     "node_mark_lost",
     "node_resume",

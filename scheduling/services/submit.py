@@ -314,6 +314,20 @@ def service_replica_check(*, user: User, spec: JobSpec) -> Verdict:
     return verdict
 
 
+def job_admit(*, user: User, spec: JobSpec, service_made: bool = False) -> tuple[JobSpec, Verdict, datetime]:
+    """The checks a submission passes once, whether it makes one job or a whole array of them (the fields,
+    the team's permission, the fast admission verdict): (the spec with its defaults, the verdict, now).
+    Raises ValidationError as job_submit does."""
+    spec = with_default_resources(spec)
+    capacity = cluster_capacity()  # read once for the fields' check and the admission check
+    _validate_spec(user=user, spec=spec, capacity=capacity, service_made=service_made)
+    now = timezone.now()
+    verdict = _admission_fast(spec, now=now, capacity=capacity)
+    if not verdict.ok:
+        raise ValidationError({NON_FIELD_ERRORS: [f"{NEVER_RUNS}: {verdict.reason}"]})
+    return spec, verdict, now
+
+
 def _same_spec(job: Job, spec: JobSpec) -> bool:
     return (
         job.name == spec.name
@@ -334,6 +348,7 @@ def _same_spec(job: Job, spec: JobSpec) -> bool:
         and job.cpus_per_replica == spec.cpus_per_replica
         and job.memory_mb_per_replica == spec.memory_mb_per_replica
         and _same_container(job, spec)
+        and job.array_id is None  # a key used for an array is answered by the array's own check (arrays.py)
     )
 
 
@@ -377,12 +392,7 @@ def job_submit(
     spec = with_default_resources(spec)
     if idempotency_key and (existing := _existing_for_key(user, idempotency_key, spec)) is not None:
         return existing
-    capacity = cluster_capacity()  # read once for the fields' check and the admission check
-    _validate_spec(user=user, spec=spec, capacity=capacity, service_made=service_revision is not None)
-    now = timezone.now()
-    verdict = _admission_fast(spec, now=now, capacity=capacity)
-    if not verdict.ok:
-        raise ValidationError({NON_FIELD_ERRORS: [f"{NEVER_RUNS}: {verdict.reason}"]})
+    spec, verdict, now = job_admit(user=user, spec=spec, service_made=service_revision is not None)
     try:
         with transaction.atomic():
             job = _create_job(
@@ -403,18 +413,10 @@ def job_submit(
     return job
 
 
-def _create_job(
-    *,
-    user: User,
-    spec: JobSpec,
-    key: str | None,
-    copied_from: Job | None,
-    now: datetime,
-    verdict: Verdict,
-    service_revision: tuple[int, int] | None = None,
-) -> Job:
-    service_id, revision = service_revision or (None, None)
-    job = Job.objects.create(
+def job_row(*, user: User, spec: JobSpec, now: datetime, pending_reason: str, **fields: Any) -> Job:
+    """A new PENDING job of ``spec`` as it is stored, not yet saved (``fields``: the rest, e.g. its key): one
+    place for the columns a submission fills, whether job_submit saves one or an array inserts thousands."""
+    columns: dict[str, Any] = dict(
         name=spec.name,
         team=spec.team,
         user=user,
@@ -427,10 +429,7 @@ def _create_job(
         memory_mb_per_replica=resources_of(spec)[1],
         command=spec.command,
         env=dict(spec.env),
-        # A service's replica runs until the service ends it: no time limit (0).
-        time_limit_s=0 if service_id is not None else spec.time_limit_s or _default_time_limit(),
-        service_id=service_id,
-        service_revision=revision,
+        time_limit_s=spec.time_limit_s or _default_time_limit(),
         priority=spec.priority,
         leaf_locality=spec.leaf_locality,
         one_fabric=spec.one_fabric,
@@ -438,10 +437,35 @@ def _create_job(
         **_container_fields(spec),
         submitted_at=now,
         state_changed_at=now,
+        pending_reason=pending_reason,
+    )
+    return Job(**(columns | fields))
+
+
+def _create_job(
+    *,
+    user: User,
+    spec: JobSpec,
+    key: str | None,
+    copied_from: Job | None,
+    now: datetime,
+    verdict: Verdict,
+    service_revision: tuple[int, int] | None = None,
+) -> Job:
+    service_id, revision = service_revision or (None, None)
+    job = job_row(
+        user=user,
+        spec=spec,
+        now=now,
+        pending_reason=verdict.reason,
+        # A service's replica runs until the service ends it: no time limit (0).
+        time_limit_s=0 if service_id is not None else spec.time_limit_s or _default_time_limit(),
+        service_id=service_id,
+        service_revision=revision,
         idempotency_key=key,
         copied_from=copied_from,
-        pending_reason=verdict.reason,
     )
+    job.save(force_insert=True)
     job.checkpoint_dir = (
         posixpath.normpath(spec.checkpoint_dir) if spec.checkpoint_dir else str(_team_dir(spec.team) / str(job.pk))
     )

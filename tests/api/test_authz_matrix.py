@@ -12,6 +12,7 @@ from drf_spectacular.generators import SchemaGenerator
 from scheduling.models import (
     Allocation,
     Job,
+    JobArray,
     JobEvent,
     JobKind,
     RegistryCredential,
@@ -20,6 +21,7 @@ from scheduling.models import (
     Task,
     TaskLogChunk,
 )
+from scheduling.services import JobSpec, job_array_submit
 from scheduling.states import JobState
 from tenants.models import ApiToken, AuditEntry, Membership, OrgUnit, Quota, SshKey
 from tenants.services import ssh_key_add
@@ -44,6 +46,7 @@ class Target:
     service_token: int = UNKNOWN
     dev_session: int = UNKNOWN
     ssh_key: int = UNKNOWN
+    array: int = UNKNOWN
 
 
 @dataclass
@@ -64,6 +67,9 @@ MATRIX: dict[str, Callable[[Target], Call]] = {
     "GET /api/v1/jobs/{id}": lambda t: Call("get", f"/api/v1/jobs/{t.job}"),
     "POST /api/v1/jobs/{id}/cancel": lambda t: Call("post", f"/api/v1/jobs/{t.job}/cancel"),
     "GET /api/v1/jobs/{id}/logs": lambda t: Call("get", f"/api/v1/jobs/{t.job}/logs", {"tail": 10}),
+    "GET /api/v1/arrays/{id}": lambda t: Call("get", f"/api/v1/arrays/{t.array}"),
+    "PATCH /api/v1/arrays/{id}": lambda t: Call("patch", f"/api/v1/arrays/{t.array}", {"max_running": 5}),
+    "POST /api/v1/arrays/{id}/cancel": lambda t: Call("post", f"/api/v1/arrays/{t.array}/cancel"),
     "GET /api/v1/notebooks": lambda t: Call("get", "/api/v1/notebooks", {"team": t.team_slug}),
     "POST /api/v1/notebooks": lambda t: Call("post", "/api/v1/notebooks", {"name": "nb", "team": t.team_slug}),
     "GET /api/v1/notebooks/{id}": lambda t: Call("get", f"/api/v1/notebooks/{t.notebook}"),
@@ -126,6 +132,7 @@ def test_every_api_operation_is_in_the_matrix():
 def _fingerprint() -> tuple[Any, ...]:
     return (
         sorted(Job.objects.values_list("id", "state", "attempt", "stop_requested_at", "stop_reason", "name")),
+        sorted(JobArray.objects.values_list("id", "task_count", "max_running")),
         JobEvent.objects.count(),
         Task.objects.count(),
         sorted(Task.objects.values_list("id", "state")),
@@ -156,6 +163,8 @@ def tenant_b(cast):
     dev = make_job(team=cast.org.team_c, user=cast.bea, kind=JobKind.DEV, state=JobState.RUNNING, started_at=timezone.now())
     Task.objects.create(job=dev, attempt=1, rank=0, node=node, state="RUNNING", dev_endpoint="10.0.0.9:20001")
     key = ssh_key_add(user=cast.bea, name="bea", public_key=ED25519)
+    spec = JobSpec(name="sweep", team=cast.org.team_c, command="true")
+    array = job_array_submit(user=cast.bea, spec=spec, array="0-2%1").array
     return Target(
         job=job.pk,
         notebook=notebook.pk,
@@ -166,6 +175,7 @@ def tenant_b(cast):
         service_token=token.pk,
         dev_session=dev.pk,
         ssh_key=key.pk,
+        array=array.pk,
     )
 
 

@@ -54,6 +54,9 @@ DOMAIN_FIELDS |= {"cpus_per_node", "memory_mb_per_node", "revision"}
 # An SSH public key: its base64 must decode to a key of the type it names, not one the caller has already
 # (tenants/services.py, ssh_key_parse).
 DOMAIN_FIELDS |= {"public_key"}
+# A job array's indices (scheduling/arrayspec.py): ranges run upwards, %N is at least 1, no index reaches the
+# deployment's YARD_MAX_ARRAY_SIZE.
+DOMAIN_FIELDS |= {"array"}
 
 
 def positive_data_acceptance_within_the_domain(ctx: Any, response: Any, case: Any) -> bool | None:

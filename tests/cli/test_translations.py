@@ -167,7 +167,6 @@ SBATCH_HEAD = "#!/bin/bash\n#SBATCH --account=team-a\n#SBATCH --gpus-per-node=2\
 @pytest.mark.parametrize(
     ("directive", "words"),
     [
-        ("--array=1-10", "job arrays"),
         ("--dependency=afterok:12", "dependencies"),
         ("--nodelist=gpu-[01-04]", "cannot name its nodes"),
         ("--constraint=ib", "--partition"),
@@ -179,7 +178,7 @@ SBATCH_HEAD = "#!/bin/bash\n#SBATCH --account=team-a\n#SBATCH --gpus-per-node=2\
         ("--time=UNLIMITED", "at most 30 days"),
         ("--time=soon", "HH:MM:SS"),
         ("--gres=gpu:2,license:matlab:1", "GPUs only"),
-        ("--output=out-%A.log", "%A"),
+        ("--output=out-%b.log", "%b"),
         ("--ntasks=8", "give --nodes"),
     ],
 )

@@ -111,9 +111,13 @@ def wait(job_id: int, wait_timeout: str | None, exit_on_preempt: bool, as_json: 
 STATES = ("PENDING", "STARTING", "RUNNING", "PREEMPTING", "COMPLETED", "FAILED", "CANCELLED", "PREEMPTED", "LOST")
 
 
-def _list(api: Api, path: str, *, mine: bool, team: str | None, states: tuple[str, ...], limit: int) -> list[dict[str, Any]]:
+def _list(
+    api: Api, path: str, *, mine: bool, team: str | None, states: tuple[str, ...], limit: int, array: int | None = None
+) -> list[dict[str, Any]]:
     params: dict[str, Any] = {"page_size": min(limit, 200)}
-    if mine and team is None:
+    if array is not None:
+        params["array"] = array
+    elif mine and team is None:
         params["user"] = _me(api)["username"]
     if team:
         params["team"] = team
@@ -126,6 +130,11 @@ def _list(api: Api, path: str, *, mine: bool, team: str | None, states: tuple[st
         if len(jobs) >= limit or not page.get("next"):
             return jobs[:limit]
         page = api.request("GET", page["next"]).json()
+
+
+def _task_of(job: dict[str, Any]) -> str:
+    """An array task as squeue names it, ARRAYID_INDEX; empty for a job of its own."""
+    return f"{job['array_id']}_{job['array_index']}" if job.get("array_id") is not None else ""
 
 
 def _reason(job: dict[str, Any]) -> str:
@@ -141,14 +150,15 @@ def _reason(job: dict[str, Any]) -> str:
 @click.option("--state", "states", multiple=True, help="Only these states (repeatable, or comma-separated)")
 @click.option("--all", "all_states", is_flag=True, help="Finished jobs too (default: pending and running only)")
 @click.option("--limit", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@click.option("--array", type=click.IntRange(1), help="The tasks of this job array, whoever submitted them")
 @json_option
 @api_command
-def list_jobs(team: str | None, states: tuple[str, ...], all_states: bool, limit: int, as_json: bool) -> None:
-    """Your jobs, like squeue (--team for the team's, --all for finished ones too)."""
+def list_jobs(team: str | None, states: tuple[str, ...], all_states: bool, limit: int, array: int | None, as_json: bool) -> None:
+    """Your jobs, like squeue (--team for the team's, --all for finished ones too, --array for an array's tasks)."""
     wanted = tuple(s.strip() for v in states for s in v.split(",") if s.strip())
     if not wanted and not all_states:
         wanted = ("PENDING", "STARTING", "RUNNING", "PREEMPTING")
-    jobs = _list(_api(), "/api/v1/jobs", mine=True, team=team, states=wanted, limit=limit)
+    jobs = _list(_api(), "/api/v1/jobs", mine=True, team=team, states=wanted, limit=limit, array=array)
     if as_json:
         _print_json(jobs)
         return
@@ -156,7 +166,11 @@ def list_jobs(team: str | None, states: tuple[str, ...], all_states: bool, limit
         [j["id"], j["name"], j["user"], j["team"]["slug"], j["state"], j["tier"], _shape(j), _when(j["submitted_at"]), _reason(j)]
         for j in jobs
     ]
-    _table(["ID", "NAME", "USER", "TEAM", "STATE", "TIER", "GPUS", "SUBMITTED", "REASON / WHERE"], rows)
+    columns = ["ID", "NAME", "USER", "TEAM", "STATE", "TIER", "GPUS", "SUBMITTED", "REASON / WHERE"]
+    if any(j.get("array_id") is not None for j in jobs):  # squeue's ARRAYID_INDEX, where there are array tasks
+        rows = [[row[0], _task_of(j), *row[1:]] for row, j in zip(rows, jobs, strict=True)]
+        columns.insert(1, "ARRAY")
+    _table(columns, rows)
     if not jobs:
         out.print("no jobs" + ("" if all_states or states else " pending or running (--all for finished ones)"))
 
@@ -177,6 +191,7 @@ def show(job_id: int, as_json: bool) -> None:
 def _show(job: dict[str, Any]) -> None:
     fields = [
         ("job", f"{job['id']} {job['name']}"),
+        ("array task", f"{_task_of(job)} (yard array show {job['array_id']})" if job.get("array_id") is not None else ""),
         ("state", job["state"] + (f" (exit {job['exit_code']})" if job.get("exit_code") is not None else "")),
         ("team / user", f"{job['team']['slug']} / {job['user']}"),
         ("shape", f"{_shape(job)}, tier {job['tier']}, priority {job['priority']}"),

@@ -54,6 +54,21 @@ def _print_submitted(job: dict[str, Any], *, replay: bool, verdict: str) -> None
     out.print(f"Admission: {verdict}", markup=False)
 
 
+def _print_array_submitted(array: dict[str, Any], *, replay: bool, verdict: str) -> None:
+    for warning in array.get("warnings", []):
+        err.print(f"[yellow]warning:[/] {warning}", markup=True, highlight=False)
+    source = f" from a {array['translated_from']} file" if array.get("translated_from") else ""
+    again = " (already submitted with this Idempotency-Key)" if replay else ""
+    limit = f": at most {array['max_running']} running at once" if array.get("max_running") else ""
+    out.print(
+        f"Submitted array {array['id']} ({array['name']}){source}{again}: {array['task_count']} tasks "
+        f"(--array {array['array']}{limit}), team {array['team']['slug']}",
+        markup=False,
+    )
+    out.print(f"Each task: {verdict}", markup=False)
+    out.print(f"Follow it: yard array show {array['id']}; its tasks: yard ls --array {array['id']}", markup=False)
+
+
 def _print_preview(preview: dict[str, Any]) -> None:
     for warning in preview.get("warnings", []):
         err.print(f"[yellow]warning:[/] {warning}", markup=True, highlight=False)
@@ -76,6 +91,7 @@ def _print_preview(preview: dict[str, Any]) -> None:
         "container_mounts",
         "container_workdir",
         "env",
+        "array",
     ):
         if key in job and job[key] not in (None, "", {}, []):
             out.print(f"  {key}: {job[key]}", markup=False)
@@ -85,7 +101,8 @@ def _print_preview(preview: dict[str, Any]) -> None:
     out.print("  command:", markup=False)
     for line in str(job.get("command", "")).splitlines():
         out.print(f"    {line}", markup=False)
-    out.print(f"Admission: {preview['verdict']}" if preview["ok"] else f"Can never run: {preview['verdict']}", markup=False)
+    each = "Admission (each task of the array, checked once)" if job.get("array") else "Admission"
+    out.print(f"{each}: {preview['verdict']}" if preview["ok"] else f"Can never run: {preview['verdict']}", markup=False)
 
 
 def _env_pairs(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -133,6 +150,9 @@ def _submit_options(func: Callable[..., Any]) -> Callable[..., Any]:
                           "(pyxis's --container-image; default: on the nodes' own environment)"),
         click.option("--container-mounts", help="With --image: SRC:DST[:ro|rw],... host paths to mount (as pyxis)"),
         click.option("--container-workdir", help="With --image: the working directory inside the container"),
+        click.option("-a", "--array", "array",
+                     help="A job array, as sbatch's --array: 0-999, 1,3,5-7, 0-99:2, and %N for at most N running at "
+                          "once (0-999%50); each index is a job of its own with $YARD_ARRAY_TASK_ID"),
         click.option("--command", "command_text", help="The command every replica runs (or give it after --)"),
         click.option("--idempotency-key", help="A CI retry with the same key gets the same job (e.g. $CI_PIPELINE_ID)"),
         click.option("--wait", is_flag=True, help="Follow the job and exit with its result (see `yard help-exit-codes`)"),
@@ -168,6 +188,7 @@ def _submit(
     image: str | None,
     container_mounts: str | None,
     container_workdir: str | None,
+    array: str | None,
     command_text: str | None,
     idempotency_key: str | None,
     wait: bool,
@@ -176,6 +197,8 @@ def _submit(
     test_only: bool,
     as_json: bool,
 ) -> None:
+    if wait and array:
+        raise click.UsageError("--wait follows one job: follow an array with `yard array show ID` (or `yard ls --array ID`)")
     api = _api()
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
     timeout_s = _duration_s(wait_timeout, param="--wait-timeout")
@@ -184,7 +207,8 @@ def _submit(
                   "--mem": memory, "--time": time_limit,
                   "--env": env or None, "--checkpoint-dir": checkpoint_dir, "--priority": priority,
                   "--leaf-locality": leaf_locality, "--image": image, "--container-mounts": container_mounts,
-                  "--container-workdir": container_workdir, "--command": command_text or (command or None)}  # fmt: skip
+                  "--container-workdir": container_workdir, "--array": array,
+                  "--command": command_text or (command or None)}  # fmt: skip
         given = [flag for flag, value in shaped.items() if value is not None]
         if given:
             raise click.UsageError(f"{', '.join(given)}: with a job file, say it in the file (it is sent as it is)")
@@ -208,7 +232,8 @@ def _submit(
                     "time_limit_s": _duration_s(time_limit, param="--time"), "checkpoint_dir": checkpoint_dir,
                     "priority": priority, "leaf_locality": leaf_locality, "env": _env_pairs(env) or None,
                     "cpus_per_replica": cpus, "memory_mb_per_replica": _memory_mb(memory, param="--mem"),
-                    "image": image, "container_mounts": container_mounts, "container_workdir": container_workdir}  # fmt: skip
+                    "image": image, "container_mounts": container_mounts, "container_workdir": container_workdir,
+                    "array": array}  # fmt: skip
         payload.update({k: v for k, v in optional.items() if v is not None})
         request = {"json": payload, "headers": {}}
     # The full admission check first, as the portal's submit page shows it: submitting itself only
@@ -229,6 +254,14 @@ def _submit(
     replay = response.status_code == 200 and bool(idempotency_key)
     if as_json and not wait:
         _print_json(job)
+        return
+    if "task_count" in job:  # an array (a job file's #SBATCH --array, or --array)
+        if as_json:
+            _print_json(job)
+        else:
+            _print_array_submitted(job, replay=replay, verdict=preview["verdict"])
+        if wait:
+            raise click.UsageError(f"--wait follows one job: follow array {job['id']} with `yard array show {job['id']}`")
         return
     if not as_json:
         _print_submitted(job, replay=replay, verdict=preview["verdict"])
