@@ -140,5 +140,7 @@ def test_raising_the_limit_over_the_api_starts_more_at_the_next_cycle_and_loweri
     run_cycle_once()
     assert _active(array) == [1, 2, 3, 4, 5]
     assert client.patch(f"/api/v1/arrays/{array.pk}", {"max_running": 0}, format="json").status_code == 400
+    unchanged = client.patch(f"/api/v1/arrays/{array.pk}", {}, format="json")
+    assert unchanged.status_code == 200 and unchanged.json()["max_running"] is None
     other = token_client(cast.bea_token).patch(f"/api/v1/arrays/{array.pk}", {"max_running": 9}, format="json")
     assert other.status_code == 404
