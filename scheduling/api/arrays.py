@@ -36,10 +36,13 @@ class JobArrayDetailView(ApiView):
         responses={200: s.JobArrayOut, **ERRORS},
     )
     def patch(self, request: Request, pk: int) -> Response:
+        array = access_array(user=request.user, pk=pk, manage=True)
         body = s.JobArrayThrottleIn(data=request.data)
         body.is_valid(raise_exception=True)
-        array = access_array(user=request.user, pk=pk, manage=True)
-        array = job_array_throttle(array=array, max_running=body.validated_data["max_running"], actor=cast(User, request.user))
+        if "max_running" in body.validated_data:  # a PATCH changes what it names, and nothing else
+            array = job_array_throttle(
+                array=array, max_running=body.validated_data["max_running"], actor=cast(User, request.user)
+            )
         return Response(s.JobArrayOut(array_out(array)).data)
 
 

@@ -549,7 +549,8 @@ class JobArrayThrottleIn(serializers.Serializer[Any]):
         min_value=1,
         max_value=1_000_000,
         allow_null=True,
-        help_text="The most tasks of the array running at once (the %N of --array); null: no limit",
+        required=False,
+        help_text="The most tasks of the array running at once (the %N of --array); null: no limit; left out: unchanged",
     )
 
 

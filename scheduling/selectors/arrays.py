@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from django.db.models import Count
+from django.db.models import Count, QuerySet
+from django.db.models.expressions import RawSQL
 from django.http import Http404
 
 from scheduling.models import Job, JobArray
@@ -23,6 +24,27 @@ def array_limit_reason(*, array_id: int, max_running: int) -> str:
         f"JobArrayTaskLimit: array {array_id} runs at most {max_running} of its tasks at once (%{max_running}); "
         "this one starts when one of them ends"
     )
+
+
+def _held_sql() -> str:
+    """The ids array_tasks_held names, as one query the database answers (window functions: PostgreSQL and
+    SQLite alike), for the snapshot to leave out without the ids travelling to Python and back."""
+    job, array = Job._meta, JobArray._meta
+    active = ", ".join(f"'{state}'" for state in sorted(ACTIVE_STATES))
+    return (
+        f"SELECT w.id FROM (SELECT j.id, j.array_id, a.max_running, "
+        f"ROW_NUMBER() OVER (PARTITION BY j.array_id ORDER BY j.array_index) AS pos "
+        f"FROM {job.db_table} j JOIN {array.db_table} a ON a.id = j.array_id "
+        f"WHERE j.state = '{JobState.PENDING}' AND a.max_running IS NOT NULL) w "
+        f"LEFT JOIN (SELECT array_id, COUNT(*) AS n FROM {job.db_table} WHERE array_id IS NOT NULL "
+        f"AND state IN ({active}) GROUP BY array_id) r ON r.array_id = w.array_id "
+        f"WHERE w.pos > w.max_running - COALESCE(r.n, 0)"
+    )
+
+
+def pending_placeable() -> QuerySet[Job]:
+    """The pending jobs less the array tasks their arrays' limits hold back (array_tasks_held, in SQL)."""
+    return Job.objects.filter(state=JobState.PENDING).exclude(pk__in=RawSQL(_held_sql(), ()))
 
 
 def array_tasks_held() -> dict[int, tuple[int, list[int]]]:

@@ -18,11 +18,11 @@ from django.db.models.functions import Coalesce
 
 from scheduling.core.types import NO_CAPABILITIES, WITH_CONTAINERS, LeafLocality, PendingJob, RunningJob, Snapshot, Tier
 from scheduling.models import Allocation, Job
-from scheduling.selectors.arrays import array_tasks_held
+from scheduling.selectors.arrays import pending_placeable
 from scheduling.selectors.config import scheduler_config
 from scheduling.selectors.quotas import _quotas, refresh_unit_keys, unit_key
 from scheduling.selectors.topology import topology_cached
-from scheduling.states import ACTIVE_STATES, JobState
+from scheduling.states import ACTIVE_STATES
 
 
 class Epoch(Func):
@@ -141,9 +141,7 @@ def time_limit_of(limit_s: int) -> float:
 
 def pending_jobs() -> QuerySet[Job]:
     """The pending jobs the core may place: not an array's tasks beyond its limit on tasks running at once."""
-    jobs = Job.objects.filter(state=JobState.PENDING)
-    held = [pk for _, ids in array_tasks_held().values() for pk in ids]
-    return jobs.exclude(pk__in=held) if held else jobs
+    return pending_placeable()
 
 
 def _pending() -> tuple[PendingJob, ...]:

@@ -140,5 +140,24 @@ def test_raising_the_limit_over_the_api_starts_more_at_the_next_cycle_and_loweri
     run_cycle_once()
     assert _active(array) == [1, 2, 3, 4, 5]
     assert client.patch(f"/api/v1/arrays/{array.pk}", {"max_running": 0}, format="json").status_code == 400
+    unchanged = client.patch(f"/api/v1/arrays/{array.pk}", {}, format="json")
+    assert unchanged.status_code == 200 and unchanged.json()["max_running"] is None
     other = token_client(cast.bea_token).patch(f"/api/v1/arrays/{array.pk}", {"max_running": 9}, format="json")
     assert other.status_code == 404
+
+
+def test_the_snapshots_filter_and_the_reasons_agree_on_which_tasks_are_held(cast, nodes):
+    from scheduling.selectors import array_tasks_held, pending_jobs
+
+    capped = _array(cast, "0-9%3")
+    _array(cast, "0-4")  # no limit: nothing held
+    one = _array(cast, "5-8%1")
+    Job.objects.filter(array=capped, array_index__in=[0, 4]).update(state=JobState.RUNNING)
+    Job.objects.filter(array=capped, array_index=1).update(state=JobState.COMPLETED)
+    Job.objects.filter(array=one, array_index=5).update(state=JobState.PREEMPTING)
+    held = {pk for _, ids in array_tasks_held().values() for pk in ids}
+    pending = set(Job.objects.filter(state=JobState.PENDING).values_list("pk", flat=True))
+    assert set(pending_jobs().values_list("pk", flat=True)) == pending - held
+    # capped: 2 of 3 places taken, so index 2 may start and 3, 5-9 wait; one: its one place is taken
+    assert sorted(Job.objects.filter(pk__in=held, array=capped).values_list("array_index", flat=True)) == [3, 5, 6, 7, 8, 9]
+    assert sorted(Job.objects.filter(pk__in=held, array=one).values_list("array_index", flat=True)) == [6, 7, 8]
