@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import Count
+
 from notifications.kinds import Kind
 from scheduling.governance.reaper import REAPER_LABEL, STOP_NOTES
 from scheduling.models import Job, JobEvent, JobKind
-from scheduling.states import JobState
+from scheduling.states import ACTIVE_STATES, JobState
 from tenants.models import AuditEntry, OrgUnit
 from tenants.services import quota_change_words
 
@@ -68,6 +70,8 @@ def from_job_event(row: JobEvent) -> EventSpec | None:
             data=data,
         )  # fmt: skip
 
+    if job.array_id is not None and row.to_state in _ARRAY_NOTICES:
+        return _array_event(row, job)
     if row.to_state == JobState.RUNNING:
         body = f"Attempt {row.attempt} is running on {job.replicas} × {job.gpus_per_replica} {job.gpu_type} ({row.reason})."
         return spec(Kind.JOB_STARTED, f"{what} started", body)
@@ -95,6 +99,43 @@ def from_job_event(row: JobEvent) -> EventSpec | None:
         if row.reason.endswith(STOP_NOTES):
             return spec(Kind.IDLE_STOPPED, f"{what} stopped: idle", _sentence(row.reason))
     return None
+
+
+# A job array's tasks say when the array starts and when it is over, as Slurm's mail does for an array
+# (BEGIN, END, FAIL apply to the array as a whole): not one notice per task, which for 4,000 tasks is
+# 8,000 mails. A task's preemption or requeue is still its own notice.
+_ARRAY_NOTICES = frozenset({JobState.RUNNING, JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+
+
+def _array_event(row: JobEvent, job: Job) -> EventSpec | None:
+    """The array's start (its first task running) or its end (its last task over); None for the rest. The
+    key is the array's, so the one notice is made once however many tasks' rows ask for it."""
+    array_id = job.array_id
+    tasks = Job.objects.filter(array_id=array_id)
+    link = f"/jobs/?array={array_id}"
+    data: dict[str, Any] = {"array": array_id, "job": job.pk, "index": job.array_index}
+    name = f"Array #{array_id} {job.name}"
+    if row.to_state == JobState.RUNNING:
+        body = f"Task {job.array_index} (job #{job.pk}) is the first of its tasks to run; the next notice comes when all have ended."
+        return EventSpec(
+            key=f"array-start:{array_id}", kind=Kind.JOB_STARTED, time=row.time, title=f"{name} started", body=body,
+            link=link, job=job, team=job.team, data=data,
+        )  # fmt: skip
+    if tasks.filter(state__in=ACTIVE_STATES).exists():
+        return None
+    counts = {state: n for state, n in tasks.values_list("state").annotate(n=Count("pk")).values_list("state", "n")}
+    done, failed, cancelled = (counts.get(s, 0) for s in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED))
+    total = sum(counts.values())
+    data.update(completed=done, failed=failed, cancelled=cancelled)
+    parts = [f"{done} completed"] + [f"{n} {word}" for n, word in ((failed, "failed"), (cancelled, "cancelled")) if n]
+    title = f"{name}: {', '.join(parts)} of {total} tasks"
+    body = f"All {total} tasks have ended: {', '.join(parts)}."
+    if failed:
+        body += " The failed ones are listed on the array's page."
+    return EventSpec(
+        key=f"array-end:{array_id}", kind=Kind.JOB_FAILED if failed else Kind.JOB_COMPLETED, time=row.time, title=title,
+        body=body, link=link, job=job, team=job.team, data=data,
+    )  # fmt: skip
 
 
 def _quota_message(row: AuditEntry) -> str:

@@ -175,3 +175,31 @@ def test_a_ci_jobs_events_go_to_the_teams_webhook_not_to_the_service_account(wor
     job_transition(job=job, to=JobState.FAILED, reason="a rank failed (exit 2)", actor_label="scheduler", exit_code=2)
     _collect()
     assert list(Notification.objects.values_list("channel", "webhook_id", "user_id")) == [(Channel.WEBHOOK, hook.pk, None)]
+
+
+def test_a_job_array_says_when_it_starts_and_when_all_its_tasks_have_ended_not_per_task(world):
+    """Slurm mails an array's BEGIN, END and FAIL for the array as a whole: 4,000 tasks are two notices, not 8,000."""
+    from scheduling.models import Job, JobArray
+
+    org, _, owner = world
+    tasks = [make_job(team=org.team_a, user=owner, state=JobState.STARTING, name="sweep") for _ in range(3)]
+    array = JobArray.objects.create(id=tasks[0].pk, indices="0-2", task_count=3)
+    for index, task in enumerate(tasks):
+        Job.objects.filter(pk=task.pk).update(array=array, array_index=index)
+        task.refresh_from_db()
+    first, second, third = tasks
+    first = job_transition(job=first, to=JobState.RUNNING, reason="all 1 ranks running", actor_label="scheduler")
+    second = job_transition(job=second, to=JobState.RUNNING, reason="all 1 ranks running", actor_label="scheduler")
+    job_transition(job=first, to=JobState.COMPLETED, reason="every rank exited 0", actor_label="scheduler", exit_code=0)
+    job_transition(job=second, to=JobState.FAILED, reason="rank 0 exited 3", actor_label="scheduler", exit_code=3)
+    _collect()
+    # Two tasks ran and ended, but the third has not: the array is not over.
+    assert _portal(owner) == [(Kind.JOB_STARTED, f"Array #{array.pk} sweep started")]
+    job_transition(job=third, to=JobState.CANCELLED, reason="cancelled by nora", actor_label="nora")
+    _collect()
+    _collect()
+    assert _portal(owner) == [
+        (Kind.JOB_STARTED, f"Array #{array.pk} sweep started"),
+        (Kind.JOB_FAILED, f"Array #{array.pk} sweep: 1 completed, 1 failed, 1 cancelled of 3 tasks"),
+    ]
+    assert Event.objects.get(kind=Kind.JOB_FAILED).link == f"/jobs/?array={array.pk}"
