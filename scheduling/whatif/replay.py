@@ -50,6 +50,8 @@ class ReplayJob:
     limit_s: float  # its time limit as submitted (its run time where it had none)
     locality: str = LeafLocality.AUTO.value
     priority: int = 0
+    cpus_per_replica: int = 0  # 0: not held to any
+    memory_mb_per_replica: int = 0
 
     @property
     def gpus(self) -> int:
@@ -167,7 +169,12 @@ class _TreePolicy:
         job = self.by_id[r.job_id]
         to_real = self.to_real
         real = replace(
-            r, tier=Tier(job.tier), priority=job.priority, replicas=tuple(tuple(to_real[g] for g in rep) for rep in r.replicas)
+            r,
+            tier=Tier(job.tier),
+            priority=job.priority,
+            replicas=tuple(tuple(to_real[g] for g in rep) for rep in r.replicas),
+            cpus_per_replica=job.cpus_per_replica,
+            memory_mb_per_replica=job.memory_mb_per_replica,
         )
         self._running[r.job_id] = (r, real)
         return real
@@ -177,7 +184,14 @@ class _TreePolicy:
         if hit is not None and hit[0] is p:
             return hit[1]
         job = self.by_id[p.job_id]
-        real = replace(p, tier=Tier(job.tier), priority=job.priority, locality=LeafLocality(job.locality))
+        real = replace(
+            p,
+            tier=Tier(job.tier),
+            priority=job.priority,
+            locality=LeafLocality(job.locality),
+            cpus_per_replica=job.cpus_per_replica,
+            memory_mb_per_replica=job.memory_mb_per_replica,
+        )
         self._pending[p.job_id] = (p, real)
         return real
 

@@ -118,3 +118,14 @@ def test_fair_share_remembers_the_usage_before_the_window() -> None:
     remembered = replay_tree(jobs=jobs, fleet=one_node, quotas=tree, config=Config(), cycle_s=5.0, initial_usage=heavy_x)
     assert remembered.jobs["2"].wait_s == pytest.approx(0.0, abs=5)  # team-x used the node all day before
     assert remembered.jobs["1"].wait_s is not None and remembered.jobs["1"].wait_s >= 3600
+
+
+def test_jobs_are_held_to_their_nodes_cores_as_the_cycle_holds_them() -> None:
+    from dataclasses import replace
+
+    small = Topology(nodes=(replace(_node("a-1", "leaf-a", "H100", 8), cpus=20),))
+    tree = (QuotaUnit("root", None, guaranteed={"H100": 8}), QuotaUnit("team-x", "root", guaranteed={"H100": 8}))
+    jobs = [replace(_job(str(i), "team-x", gpus=4), cpus_per_replica=16) for i in (1, 2)]
+    out = replay_tree(jobs=jobs, fleet=small, quotas=tree, config=Config(), cycle_s=5.0)
+    # Four GPUs stay free, but not the 16 cores the second job asks for: it waits for the first.
+    assert out.jobs["2"].wait_s is not None and out.jobs["2"].wait_s >= 3600 - 5
