@@ -128,7 +128,11 @@ def draft_new(request: HttpRequest) -> HttpResponse:
     roots = {str(r.pk): r for r in admin_roots(user=request.user)}
     if not roots:
         raise Http404("No units to draft")
-    root = roots.get(request.POST.get("root", ""), next(iter(roots.values())))
+    asked = request.POST.get("root", "")
+    if asked and asked not in roots:
+        names = ", ".join(f"{r.name} ({pk})" for pk, r in roots.items())
+        return HttpResponse(f"Pick one of the subtrees you administer: {names}", status=400, content_type="text/plain")
+    root = roots[asked] if asked else next(iter(roots.values()))
     draft = draft_create(actor=signed_in(request), root=root, name=request.POST.get("name", ""))
     messages.success(request, f"Copied the live tree of {root.name} into {draft.name}")
     return HttpResponseRedirect(reverse("draft", args=[draft.pk]))

@@ -29,7 +29,7 @@ from scheduling.core.types import (
     Tier,
     Topology,
 )
-from scheduling.sim.cluster import ClusterShape
+from scheduling.sim.cluster import ClusterShape, build_topology
 from scheduling.sim.engine import Replay
 from scheduling.sim.replay_types import ReplayConfig, ReplayResult
 from scheduling.sim.trace import TraceJob, gang_shape
@@ -50,6 +50,8 @@ class ReplayJob:
     limit_s: float  # its time limit as submitted (its run time where it had none)
     locality: str = LeafLocality.AUTO.value
     priority: int = 0
+    cpus_per_replica: int = 0  # 0: not held to any
+    memory_mb_per_replica: int = 0
 
     @property
     def gpus(self) -> int:
@@ -104,16 +106,19 @@ def _engine_shape(fleet: Topology) -> tuple[ClusterShape, list[int]]:
 class _TreePolicy:
     """``plan()`` on the real fleet, tree and jobs; the engine's GPU ids in and out."""
 
-    def __init__(self, fleet: Topology, order: list[int], width: int, quotas: Sequence[QuotaUnit], jobs: Sequence[ReplayJob]):
+    def __init__(
+        self, fleet: Topology, shape: ClusterShape, order: list[int], quotas: Sequence[QuotaUnit], jobs: Sequence[ReplayJob]
+    ):
         self.fleet = replace(fleet, nodes=tuple(replace(n, schedulable=True) for n in fleet.nodes))
         self.to_real: dict[str, str] = {}
         self.to_engine: dict[str, str] = {}
-        for engine_index, real_index in enumerate(order):
-            node = fleet.nodes[real_index]
-            for k, gpu in enumerate(node.gpus):
-                engine_id = f"n{engine_index:0{width}d}/{k}"
-                self.to_real[engine_id] = gpu.id
-                self.to_engine[gpu.id] = engine_id
+        # The engine's own cluster (the same public build_topology it builds): its n-th node is the n-th
+        # real node in ``order``, GPU by GPU.
+        engine_nodes = build_topology(shape).nodes
+        for engine_node, real_index in zip(engine_nodes, order, strict=True):
+            for engine_gpu, gpu in zip(engine_node.gpus, fleet.nodes[real_index].gpus, strict=False):
+                self.to_real[engine_gpu.id] = gpu.id
+                self.to_engine[gpu.id] = engine_gpu.id
         self.quotas = tuple(quotas)
         self.by_id = {j.job_id: j for j in jobs}
         self._running: dict[str, tuple[RunningJob, RunningJob]] = {}
@@ -167,7 +172,12 @@ class _TreePolicy:
         job = self.by_id[r.job_id]
         to_real = self.to_real
         real = replace(
-            r, tier=Tier(job.tier), priority=job.priority, replicas=tuple(tuple(to_real[g] for g in rep) for rep in r.replicas)
+            r,
+            tier=Tier(job.tier),
+            priority=job.priority,
+            replicas=tuple(tuple(to_real[g] for g in rep) for rep in r.replicas),
+            cpus_per_replica=job.cpus_per_replica,
+            memory_mb_per_replica=job.memory_mb_per_replica,
         )
         self._running[r.job_id] = (r, real)
         return real
@@ -177,7 +187,14 @@ class _TreePolicy:
         if hit is not None and hit[0] is p:
             return hit[1]
         job = self.by_id[p.job_id]
-        real = replace(p, tier=Tier(job.tier), priority=job.priority, locality=LeafLocality(job.locality))
+        real = replace(
+            p,
+            tier=Tier(job.tier),
+            priority=job.priority,
+            locality=LeafLocality(job.locality),
+            cpus_per_replica=job.cpus_per_replica,
+            memory_mb_per_replica=job.memory_mb_per_replica,
+        )
         self._pending[p.job_id] = (p, real)
         return real
 
@@ -215,8 +232,7 @@ def replay_tree(
     time before the window; it decays on from there.
     """
     shape, order = _engine_shape(fleet)
-    width = max(4, len(str(shape.nodes - 1)))
-    policy = _TreePolicy(fleet, order, width, quotas, jobs)
+    policy = _TreePolicy(fleet, shape, order, quotas, jobs)
     policy.initial = initial_usage or {}
     trace = [
         TraceJob(

@@ -26,7 +26,6 @@ CAVEATS = (
     "Jobs submitted before the window (running at its start) are not replayed; fair share starts from what "
     "teams held before the window, decayed, for both trees alike, and a team's usage per GPU type within it is "
     "the replay's exact total split in the proportions it held each type at the scheduling cycles.",
-    "Jobs are placed by their GPUs alone: the CPU cores and memory they asked for are not replayed.",
     "The fleet is today's (every node and whole GPU the portal knows now, all in service); a preempted job "
     "is assumed to checkpoint hourly.",
 )

@@ -18,6 +18,7 @@ from scheduling.core.types import Gpu as CoreGpu
 from scheduling.core.types import Node as CoreNode
 from scheduling.core.types import QuotaUnit, Topology
 from scheduling.models import Allocation, Gpu, Job, Node, Task
+from scheduling.selectors.config import yard_number
 from scheduling.whatif.models import DraftQuota, QuotaDraft, WhatIfRun
 from scheduling.whatif.replay import ReplayJob
 from tenants.models import OrgUnit, Quota
@@ -124,9 +125,16 @@ def fleet() -> Topology:
     """Every node and its whole GPUs, whatever their state now: the fleet the month ran on, as far as the
     portal knows it today (a node retired during the month is not in it). GPUs are named "node/index",
     not by row id, so that the same fleet replays the same way in any database."""
-    nodes = list(Node.objects.order_by("name").values_list("id", "name", "leaf__name", "leaf__spine__name", "gpu_type"))
-    types = {pk: t for pk, _, _, _, t in nodes}
-    names = {pk: name for pk, name, _, _, _ in nodes}
+    nodes = list(
+        Node.objects.order_by("name").values_list(
+            "id", "name", "leaf__name", "leaf__spine__name", "gpu_type", "cpus", "memory_mb"
+        )
+    )
+    types = {pk: t for pk, _, _, _, t, _, _ in nodes}
+    names = {pk: name for pk, name, _, _, _, _, _ in nodes}
+    # What jobs may be given of a node's cores and memory, as the cycle's topology counts it: less the
+    # system reserve; 0 ("not known") stays 0 and holds no job to it.
+    reserve_cpus, reserve_mb = int(yard_number("SYSTEM_RESERVE_CPUS")), int(yard_number("SYSTEM_RESERVE_MEMORY_MB"))
     gpus: dict[int, list[CoreGpu]] = defaultdict(list)
     rows = Gpu.objects.order_by("node_id", "index").values_list(
         "node_id", "index", "nvlink_domain", "pcie_switch", "numa_node", "gpu_type"
@@ -136,8 +144,16 @@ def fleet() -> Topology:
             gpus[node_id].append(CoreGpu(id=f"{names[node_id]}/{index}", index=index, nvlink=nvlink, pcie=pcie, numa=numa))
     return Topology(
         nodes=tuple(
-            CoreNode(name=name, leaf=leaf, spine=spine, gpu_type=gpu_type, gpus=tuple(gpus[pk]))
-            for pk, name, leaf, spine, gpu_type in nodes
+            CoreNode(
+                name=name,
+                leaf=leaf,
+                spine=spine,
+                gpu_type=gpu_type,
+                gpus=tuple(gpus[pk]),
+                cpus=max(cpus - reserve_cpus, 1) if cpus else 0,
+                memory_mb=max(memory_mb - reserve_mb, 1) if memory_mb else 0,
+            )
+            for pk, name, leaf, spine, gpu_type, cpus, memory_mb in nodes
             if gpus[pk]
         )
     )
@@ -188,7 +204,7 @@ def window_jobs(*, start: datetime, end: datetime, fleet: Topology) -> WindowJob
         .order_by("submitted_at", "id")
         .values_list(
             "id", "team_id", "team__slug", "tier", "gpu_type", "replicas", "gpus_per_replica", "submitted_at",
-            "time_limit_s", "priority", "leaf_locality", "attempt",
+            "time_limit_s", "priority", "leaf_locality", "attempt", "cpus_per_replica", "memory_mb_per_replica",
         )
     )  # fmt: skip
     ids = [r[0] for r in rows]
@@ -210,7 +226,7 @@ def window_jobs(*, start: datetime, end: datetime, fleet: Topology) -> WindowJob
     for node in fleet.nodes:
         capacity[node.gpu_type] += len(node.gpus)
     out = WindowJobs([], {})
-    for pk, team_id, slug, tier, gpu_type, replicas, per, submitted, limit_s, priority, locality, _ in rows:
+    for pk, team_id, slug, tier, gpu_type, replicas, per, submitted, limit_s, priority, locality, _, cpus, memory_mb in rows:
         ran = work.get(pk, 0.0)
         why = ""
         if capacity.get(gpu_type, 0) == 0:
@@ -236,6 +252,8 @@ def window_jobs(*, start: datetime, end: datetime, fleet: Topology) -> WindowJob
                 limit_s=float(limit_s) if limit_s else ran,
                 locality=locality or "auto",
                 priority=priority,
+                cpus_per_replica=cpus,
+                memory_mb_per_replica=memory_mb,
             )
         )
     return out

@@ -53,6 +53,8 @@ def test_a_member_can_neither_see_nor_make_nor_run_drafts(org: Org) -> None:
 
 def test_an_org_admin_drafts_their_subtree_only(org: Org) -> None:
     oli = _client(make_user("oli", unit=org.bu, role=Role.ORG_ADMIN))
+    refused = oli.post(reverse("draft-new"), {"root": org.other_bu.pk})
+    assert refused.status_code == 400 and "Pick one of the subtrees you administer: Research" in refused.content.decode()
     response = oli.post(reverse("draft-new"))
     draft = QuotaDraft.objects.get()
     assert response.status_code == 302 and draft.root == org.bu

@@ -44,7 +44,7 @@ def _job(
 def test_the_engine_cluster_maps_every_real_gpu_to_one_engine_gpu_and_back() -> None:
     shape, order = _engine_shape(FLEET)
     assert shape.gpus_per_node == 8 and shape.gpu_types == (("A100", 1), ("H100", 2))
-    policy = _TreePolicy(FLEET, order, 4, TREE, [])
+    policy = _TreePolicy(FLEET, shape, order, TREE, [])
     assert len(policy.to_real) == 20 and set(policy.to_real.values()) == {g.id for n in FLEET.nodes for g in n.gpus}
     assert all(policy.to_engine[real] == engine for engine, real in policy.to_real.items())
 
@@ -73,8 +73,8 @@ def test_a_tier_1_job_beyond_its_teams_guarantee_is_not_admitted() -> None:
 
 
 def test_fair_share_usage_is_split_over_gpu_types_as_the_team_held_them() -> None:
-    _, order = _engine_shape(FLEET)
-    policy = _TreePolicy(FLEET, order, 4, TREE, [])
+    shape, order = _engine_shape(FLEET)
+    policy = _TreePolicy(FLEET, shape, order, TREE, [])
     a100 = tuple(g.id for g in FLEET.nodes[2].gpus)
     running = RunningJob("9", "team-x", Tier.RESEARCH, "A100", (a100,), start=0.0, time_limit=7200.0)
     policy._tree(TREE, 0.0, 7 * 86400)
@@ -118,3 +118,14 @@ def test_fair_share_remembers_the_usage_before_the_window() -> None:
     remembered = replay_tree(jobs=jobs, fleet=one_node, quotas=tree, config=Config(), cycle_s=5.0, initial_usage=heavy_x)
     assert remembered.jobs["2"].wait_s == pytest.approx(0.0, abs=5)  # team-x used the node all day before
     assert remembered.jobs["1"].wait_s is not None and remembered.jobs["1"].wait_s >= 3600
+
+
+def test_jobs_are_held_to_their_nodes_cores_as_the_cycle_holds_them() -> None:
+    from dataclasses import replace
+
+    small = Topology(nodes=(replace(_node("a-1", "leaf-a", "H100", 8), cpus=20),))
+    tree = (QuotaUnit("root", None, guaranteed={"H100": 8}), QuotaUnit("team-x", "root", guaranteed={"H100": 8}))
+    jobs = [replace(_job(str(i), "team-x", gpus=4), cpus_per_replica=16) for i in (1, 2)]
+    out = replay_tree(jobs=jobs, fleet=small, quotas=tree, config=Config(), cycle_s=5.0)
+    # Four GPUs stay free, but not the 16 cores the second job asks for: it waits for the first.
+    assert out.jobs["2"].wait_s is not None and out.jobs["2"].wait_s >= 3600 - 5
