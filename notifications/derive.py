@@ -116,7 +116,7 @@ def _array_event(row: JobEvent, job: Job) -> EventSpec | None:
     data: dict[str, Any] = {"array": array_id, "job": job.pk, "index": job.array_index}
     name = f"Array #{array_id} {job.name}"
     if row.to_state == JobState.RUNNING:
-        body = f"Task {job.array_index} (job #{job.pk}) is the first of its tasks to run; the next notice comes when all have ended."
+        body = f"Task {job.array_index} (job #{job.pk}) is the first of its tasks to run; the next notice comes when all end."
         return EventSpec(
             key=f"array-start:{array_id}", kind=Kind.JOB_STARTED, time=row.time, title=f"{name} started", body=body,
             link=link, job=job, team=job.team, data=data,
