@@ -6,7 +6,7 @@ queue and a heartbeating fleet beside it.
     python bench/compare.py --base b9ece15 api_submit      # the same over another commit's code, in one sitting
 
 The parts are bench/stack.py's, running the measured code (BENCH_CODE, bench/benchlib.py): gunicorn as the
-README runs it (`portal/gunicorn.conf.py`, 2 workers x 4 threads), a Celery worker and beat running
+README runs it (`portal/gunicorn.conf.py`, its defaults: 2 workers x 8 threads), a Celery worker and beat running
 cycles, PostgreSQL (a throwaway database) and Redis, and the agents as `nodeagent.fleet` processes
 heartbeating over HTTP. The bench's own part is N HTTP clients: threads of this process, each with one
 keep-alive connection, posting one job at a time as fast as the answers come, each job with its own
