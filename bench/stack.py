@@ -147,11 +147,11 @@ class Stack:
             **(extra_env or {}),
         }
         # gunicorn's workers and threads: the measured code's own defaults (portal/gunicorn.conf.py, as the
-        # README runs it) unless a bench asks for others.
+        # README runs it) unless a bench asks for others, as arguments or in extra_env (a fault test's shape).
         for name, value in (("YARD_WEB_WORKERS", web_workers), ("YARD_WEB_THREADS", web_threads)):
             if value is not None:
                 self.env[name] = str(value)
-            else:
+            elif name not in (extra_env or {}):
                 self.env.pop(name, None)
         if asgi:  # where the portal tells callers the ASGI server is (service and SSH tunnel URLs)
             self.env.setdefault("YARD_NOTEBOOK_URL", self.asgi_url)
