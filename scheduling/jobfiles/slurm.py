@@ -318,9 +318,15 @@ def translate_slurm(script: str, *, gpu_types: Sequence[str] = ()) -> Translatio
     if chdir:
         header.append(f"cd {shlex.quote(chdir)} || exit 1")
     if output is not None:
-        header.append(f'exec > >(tee -a "{_output_path(output[0], output[1], errors)}") 2>&1')
+        header.append(f'exec > >(tee -a "{_output_path(output[0], output[1], errors)}") 2>&1; _yard_tees="$!"')
     if error_file is not None:
-        header.append(f'exec 2> >(tee -a "{_output_path(error_file[0], error_file[1], errors)}" >&2)')
+        err = _output_path(error_file[0], error_file[1], errors)
+        header.append(f'exec 2> >(tee -a "{err}" >&2); _yard_tees="${{_yard_tees:-}} $!"')
+    if output is not None or error_file is not None:
+        # The tee processes outlive the script by a moment: the script's end waits for them to write all it
+        # said, or a loaded node's agent could find the task over (and its processes gone) with the
+        # --output file still short of its last lines.
+        header.append("trap '_yard_rc=$?; exec >&- 2>&-; wait $_yard_tees; exit $_yard_rc' EXIT")
     errors.raise_any()
     if env:
         out.set("env", env, "#SBATCH --export")

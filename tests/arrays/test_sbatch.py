@@ -145,3 +145,22 @@ def test_the_real_script_posted_unchanged_makes_fifteen_tasks_each_running_with_
     run = _run(task.command, env, tmp_path)
     assert f"python: ./job.py within 7 {body['id']}" in run.stdout, run.stdout + run.stderr
     assert (tmp_path / "slurm_output").is_dir()
+
+
+def test_the_output_file_is_whole_when_the_script_has_ended_and_its_exit_status_kept(tmp_path):
+    """sbatch's --output is a tee beside the script: the script's end waits for it, so an agent that finds
+    the task over (and stops what is left of it) never cuts the file short. Here tee starts a second late."""
+    slow = tmp_path / "bin" / "tee"
+    slow.parent.mkdir(parents=True, exist_ok=True)
+    slow.write_text('#!/bin/sh\nsleep 1\nexec /usr/bin/tee "$@"\n')
+    slow.chmod(0o755)
+    script = HEAD + "#SBATCH --output=out-%j.log\n#SBATCH --error=err-%j.log\necho said\necho oops >&2\nexit 3\n"
+    command = _translate(script).fields["command"]
+    env = {k: v for k, v in _task_env(1, 0, "0", tmp_path, job_id=61).items() if not k.startswith("YARD_ARRAY_")}
+    # Not captured: the call returns when bash exits, not when the last holder of a pipe lets go.
+    done = subprocess.run(
+        ["bash", "-c", command], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60
+    )
+    assert done.returncode == 3
+    assert "said" in (tmp_path / "out-61.log").read_text()
+    assert (tmp_path / "err-61.log").read_text() == "oops\n"
