@@ -14,17 +14,14 @@ There is no "as before" run in here: the earlier code's figure is this same benc
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.benchlib import result, use_code
+from bench.benchlib import django_database, result, use_code
 
 use_code()
-PG = os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
 
 
 def main() -> None:
@@ -32,30 +29,8 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=4000)
     parser.add_argument("--nodes", type=int, default=500)
     args = parser.parse_args()
-    import psycopg
-
-    name = f"yard_bench_apply_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    os.environ.update(
-        DATABASE_URL=f"{PG}/{name}",
-        REDIS_URL=os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/11"),
-        SECRET_KEY="bench-" + "k" * 60,
-        DJANGO_SETTINGS_MODULE="portal.settings",
-        LOG_LEVEL="WARNING",
-        YARD_VAR_DIR=f"/tmp/{name}",
-    )
-    import django
-
-    django.setup()
-    try:
+    with django_database("yard_bench_apply"):
         run(args.jobs, args.nodes)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
 
 
 def run(jobs: int, nodes: int) -> None:

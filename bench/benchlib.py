@@ -12,13 +12,17 @@ Each figure is printed as one ``RESULT {json}`` line beside the bench's human-re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
 CODE = Path(os.environ.get("BENCH_CODE") or HERE).resolve()
+PG = os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
 
 
 def use_code() -> Path:
@@ -48,3 +52,42 @@ def results(text: str) -> list[dict]:
             except json.JSONDecodeError:
                 continue
     return found
+
+
+@contextlib.contextmanager
+def django_database(prefix: str, *, keep: str | None = None, **env: str) -> Iterator[tuple[str, bool]]:
+    """Django set up in this process over a throwaway PostgreSQL database (or ``keep``: that one, made the
+    first time and kept), with the bench's own Redis db; yields (its name, whether it was made now).
+    ``env``: more settings (variables), beside the defaults here."""
+    import psycopg
+
+    name = keep or f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+        fresh = not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        if fresh:
+            conn.execute(f'CREATE DATABASE "{name}"')
+    os.environ.update(
+        {
+            "DATABASE_URL": f"{PG}/{name}",
+            "REDIS_URL": os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/11"),
+            "YARD_VAR_DIR": f"/tmp/{name}-var",
+            "SECRET_KEY": "bench-only-secret-key-0123456789abcdef0123456789abcdef",
+            "ALLOWED_HOSTS": "testserver",
+            "LOG_LEVEL": "WARNING",
+            "DEBUG": "0",
+            "DJANGO_SETTINGS_MODULE": "portal.settings",
+            **env,
+        }
+    )
+    import django
+
+    django.setup()
+    try:
+        yield name, fresh
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+        if not keep:
+            with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

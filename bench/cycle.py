@@ -35,16 +35,14 @@ import random
 import statistics
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.benchlib import result, use_code
+from bench.benchlib import django_database, result, use_code
 
-PG = os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
 SEED = 29
 TEAMS = 12
 CHURN = 16  # jobs that end, and jobs submitted, before each churn cycle
@@ -69,30 +67,8 @@ def main() -> None:
     nodes = 250 if args.quick else 1000
     cycles = args.cycles or (5 if args.quick else 15)
     use_code()
-    import psycopg
-
-    name = f"yard_bench_cycle_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    os.environ.update(
-        DATABASE_URL=f"{PG}/{name}",
-        REDIS_URL=os.environ.get("BENCH_REDIS", "redis://127.0.0.1:6379/11"),
-        SECRET_KEY="bench-" + "k" * 60,
-        DJANGO_SETTINGS_MODULE="portal.settings",
-        LOG_LEVEL="WARNING",
-        YARD_VAR_DIR=f"/tmp/{name}",
-    )
-    import django
-
-    django.setup()
-    try:
+    with django_database("yard_bench_cycle") as (name, _):
         run(nodes=nodes, running=nodes * 8, pending=nodes // 2, cycles=cycles, db=name, profile=args.profile)
-    finally:
-        from django.db import connections
-
-        connections.close_all()
-        with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def build(*, nodes: int, running: int, pending: int) -> dict[str, Any]:
