@@ -63,12 +63,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="250 nodes, 2,000 running, 125 pending, 5 cycles of each kind")
     parser.add_argument("--cycles", type=int, default=0, help="measured cycles of each kind (default 15; --quick 5)")
     parser.add_argument("--profile", default="", help="write a cProfile of the quiet cycles to this file")
+    parser.add_argument("--profile-churn", default="", help="write a cProfile of the cycles after churn to this file")
     args = parser.parse_args()
     nodes = 250 if args.quick else 1000
     cycles = args.cycles or (5 if args.quick else 15)
     use_code()
     with django_database("yard_bench_cycle") as (name, _):
-        run(nodes=nodes, running=nodes * 8, pending=nodes // 2, cycles=cycles, db=name, profile=args.profile)
+        run(
+            nodes=nodes,
+            running=nodes * 8,
+            pending=nodes // 2,
+            cycles=cycles,
+            db=name,
+            profile=args.profile,
+            profile_churn=args.profile_churn,
+        )
 
 
 def build(*, nodes: int, running: int, pending: int) -> dict[str, Any]:
@@ -217,6 +226,25 @@ class Phases:
         self.wall.clear()
 
 
+class GcTime:
+    """CPU time in Python's garbage collector (``gc.callbacks``), whichever phase it interrupts."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.total = 0.0
+        self.collections = 0
+        self._began = 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._began = time.process_time()
+        else:
+            self.total += time.process_time() - self._began
+            self.collections += 1
+
+
 def pg_cpu(db: str) -> float:
     """CPU seconds of the bench database's PostgreSQL backends so far (from /proc; 0 where unreadable)."""
     from django.db import connection
@@ -240,7 +268,7 @@ def p90(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(0.9 * len(ordered)) - 1))]
 
 
-def run(*, nodes: int, running: int, pending: int, cycles: int, db: str, profile: str) -> None:
+def run(*, nodes: int, running: int, pending: int, cycles: int, db: str, profile: str, profile_churn: str = "") -> None:
     from django.core.cache import cache
     from django.core.management import call_command
 
@@ -262,25 +290,28 @@ def run(*, nodes: int, running: int, pending: int, cycles: int, db: str, profile
     print(f"state: {nodes} nodes x 8 H100 ({nodes // 128 or 1} spines x 4 leaves), {TEAMS} teams, {running} running "
           f"one-GPU jobs, {pending} pending (1-64 GPUs), built in {time.monotonic() - began:.0f} s")  # fmt: skip
     phases = Phases()
+    gc_time = GcTime()
     first = cycle.run_cycle_once()
     assert first.ran, "the lease was not free"
     print(f"first cycle (unmeasured): placed {len(first.placed)}, {first.reasons_updated} reasons written, "
           f"{first.seconds * 1e3:.0f} ms wall")  # fmt: skip
     rows: dict[str, dict[str, list[float]]] = {}
     for kind in ("quiet", "churn"):
-        rec: dict[str, list[float]] = {"cpu": [], "wall": [], "pg": [], "placed": [], "written": [], "builds": []}
+        rec: dict[str, list[float]] = {"cpu": [], "wall": [], "pg": [], "placed": [], "written": [], "builds": [], "gc": []}
         rec.update({f"cpu:{p}": [] for p in PHASES})
         prof = None
-        if profile and kind == "quiet":
+        prof_to = profile if kind == "quiet" else profile_churn
+        if prof_to:
             import cProfile
 
-            prof = cProfile.Profile()
+            prof = cProfile.Profile(time.process_time)
         for _ in range(cycles):
             if kind == "churn":
                 churn(made["rng"], made["teams"])
             phases.reset()
             built = builds()
             pg0 = pg_cpu(db)
+            gc0 = gc_time.total
             c0, w0 = time.process_time(), time.perf_counter()
             if prof is not None:
                 prof.enable()
@@ -289,6 +320,7 @@ def run(*, nodes: int, running: int, pending: int, cycles: int, db: str, profile
                 prof.disable()
             rec["cpu"].append(time.process_time() - c0)
             rec["wall"].append(time.perf_counter() - w0)
+            rec["gc"].append(gc_time.total - gc0)
             rec["pg"].append(pg_cpu(db) - pg0)
             assert res.ran, "the lease was not free"
             rec["placed"].append(len(res.placed))
@@ -297,7 +329,7 @@ def run(*, nodes: int, running: int, pending: int, cycles: int, db: str, profile
             for p in PHASES:
                 rec[f"cpu:{p}"].append(phases.cpu.get(p, 0.0))
         if prof is not None:
-            prof.dump_stats(profile)
+            prof.dump_stats(prof_to)
         rows[kind] = rec
     assert invariant_violations() == [], invariant_violations()
     active = Job.objects.filter(state__in=ACTIVE_STATES).count()
@@ -309,7 +341,7 @@ def run(*, nodes: int, running: int, pending: int, cycles: int, db: str, profile
     print(f"phases timed: {', '.join(phases.found)} (CPU ms, median)")
     head = (
         f"{'cycle':>6} {'CPU med':>8} {'CPU p90':>8} {'wall med':>8} {'wall p90':>8} {'PG CPU':>7} {'placed':>6} "
-        f"{'written':>7} {'rebuilt':>7}"
+        f"{'written':>7} {'rebuilt':>7} {'GC':>5}"
     )
     head += "".join(f" {p:>11}" for p in PHASES)
     print(head)
@@ -318,7 +350,8 @@ def run(*, nodes: int, running: int, pending: int, cycles: int, db: str, profile
             f"{kind:>6} {statistics.median(rec['cpu']) * 1e3:>8.1f} {p90(rec['cpu']) * 1e3:>8.1f} "
             f"{statistics.median(rec['wall']) * 1e3:>8.1f} {p90(rec['wall']) * 1e3:>8.1f} "
             f"{statistics.median(rec['pg']) * 1e3:>7.0f} {statistics.median(rec['placed']):>6.0f} "
-            f"{statistics.median(rec['written']):>7.0f} {sum(rec['builds']):>7.0f}"
+            f"{statistics.median(rec['written']):>7.0f} {sum(rec['builds']):>7.0f} "
+            f"{statistics.median(rec['gc']) * 1e3:>5.1f}"
         )
         line += "".join(f" {statistics.median(rec[f'cpu:{p}']) * 1e3:>11.1f}" for p in PHASES)
         print(line)
@@ -326,7 +359,8 @@ def run(*, nodes: int, running: int, pending: int, cycles: int, db: str, profile
         "\nCPU: time.process_time of this process over run_cycle_once (one core); PG CPU: utime + stime of the\n"
         "database's PostgreSQL backends over the cycle (/proc); placed: gangs placed by the cycle; written: rows\n"
         "whose reason, estimate or borrowed flag changed; rebuilt: cycles that built the estimates' model anew (nan:\n"
-        "the code keeps none between cycles). Phases are CPU ms of the functions the cycle calls."
+        "the code keeps none between cycles); GC: CPU ms in Python's garbage collector during the cycle, median,\n"
+        "whichever phase it interrupted. Phases are CPU ms of the functions the cycle calls."
     )
     for kind, rec in rows.items():
         result(f"cycle.{kind}.cpu_ms_median", statistics.median(rec["cpu"]) * 1e3, "ms", over=over)
@@ -347,6 +381,7 @@ def run(*, nodes: int, running: int, pending: int, cycles: int, db: str, profile
         for p in PHASES:
             value = statistics.median(rec[f"cpu:{p}"]) * 1e3 if p in phases.found else None
             result(f"cycle.{kind}.{p.replace(' ', '_')}_cpu_ms", value, "ms", over=over)
+        result(f"cycle.{kind}.gc_cpu_ms", statistics.median(rec["gc"]) * 1e3, "ms", over=over)
 
 
 if __name__ == "__main__":
