@@ -6,6 +6,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from django.db import connection
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -37,6 +38,17 @@ def test_heartbeat_records_the_time(agent: AgentClient, nodes: list[Node]) -> No
     assert agent.post("heartbeat", heartbeat_body()).status_code == 200
     nodes[0].refresh_from_db()
     assert nodes[0].last_heartbeat is not None and nodes[0].last_heartbeat >= before
+
+
+def test_the_agent_api_carries_no_content_security_policy_but_pages_do(agent: AgentClient, client: Client) -> None:
+    # A policy guards what a browser renders; agents read the agent API's JSON, so it is left off there
+    # (portal.middleware.ContentSecurityPolicyMiddleware), and kept on everything a browser may load.
+    answer = agent.post("heartbeat", heartbeat_body())
+    assert answer.status_code == 200 and "Content-Security-Policy" not in answer.headers
+    page = client.get("/accounts/login/")
+    assert "script-src 'self'" in page.headers["Content-Security-Policy"]
+    api = client.get("/api/v1/jobs")
+    assert "Content-Security-Policy" in api.headers
 
 
 def test_a_not_ready_node_is_ready_again_on_its_heartbeat(agent: AgentClient, nodes: list[Node]) -> None:
@@ -274,7 +286,7 @@ def test_a_report_without_a_start_time_does_not_start_a_task(agent: AgentClient,
 
 
 def test_the_compiled_live_task_query_gives_what_the_orm_gives(gang: Gang, nodes: list[Node]) -> None:
-    from scheduling.agent.services.heartbeat import _LIVE_TASKS, live_tasks_queryset
+    from scheduling.agent.services.live_tasks import _LIVE_TASKS, live_tasks_queryset
 
     tasks = [gang([(nodes[0], [i])], env={"A": str(i)}, command=f"run {i}")[0] for i in range(3)]
     Task.objects.filter(pk=tasks[1].pk).update(state=TaskState.RUNNING, checkpoint_at=timezone.now(), notebook_url="u")
@@ -289,6 +301,18 @@ def test_the_compiled_live_task_query_gives_what_the_orm_gives(gang: Gang, nodes
         )  # fmt: skip
 
     assert [seen(t) for t in fast] == [seen(t) for t in slow]
+
+    def attributes(obj: object) -> dict[str, object]:
+        # Every loaded field, and the absence of every deferred one, exactly as Django's from_db leaves them.
+        state = obj._state  # type: ignore[attr-defined]
+        return {k: v for k, v in vars(obj).items() if k != "_state"} | {"adding": state.adding, "db": state.db}
+
+    for f, s in zip(fast, slow, strict=True):
+        assert attributes(f) == attributes(s)
+        assert attributes(f.job) == attributes(s.job)
+        assert attributes(f.job.user) == attributes(s.job.user)
+        assert f.get_deferred_fields() == s.get_deferred_fields() != set()
+        assert f.job.get_deferred_fields() == s.job.get_deferred_fields()
     with CaptureQueriesContext(connection) as queries:
         [t.job.user.username for t in _LIVE_TASKS.fetch(nodes[0].pk)]
     assert len(queries) == 1  # jobs and owners came with the tasks

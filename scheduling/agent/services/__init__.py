@@ -4,6 +4,7 @@ task status and logs, drain. Keyword-only and atomic, as every service.
 - reports.py      — what agents send, as the services take it (times in the portal's clock), and the errors;
 - registration.py — a node's registration: its place in the topology, its GPUs, its token;
 - heartbeat.py    — the hottest path: liveness, the node's state, task starts and facts, telemetry, `desired`;
+- live_tasks.py   — a node's live tasks as the heartbeat reads them: one statement compiled once, fast rows;
 - desired.py      — each entry of `desired`: a live task, its job and its gang as the agent's task spec;
 - status.py       — task status and log reports, an agent's own drain.
 
@@ -15,11 +16,10 @@ from scheduling.agent.services.desired import gang_nodes, task_spec
 from scheduling.agent.services.heartbeat import (
     DISK_FULL,
     XID_MEANING,
-    live_tasks_of,
-    live_tasks_queryset,
     node_heartbeat,
     node_heartbeat_by_token,
 )
+from scheduling.agent.services.live_tasks import live_tasks_of, live_tasks_queryset
 from scheduling.agent.services.registration import node_register
 from scheduling.agent.services.reports import (
     SKEW_CORRECTED_S,
