@@ -412,7 +412,10 @@ from csp.constants import NONE as _CSP_NONE  # noqa: E402
 from csp.constants import SELF as _CSP_SELF  # noqa: E402
 from csp.constants import UNSAFE_INLINE as _CSP_UNSAFE_INLINE  # noqa: E402
 
-MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1, "csp.middleware.CSPMiddleware")
+# django-csp's middleware, but not on the agent API's JSON (portal.middleware.ContentSecurityPolicyMiddleware).
+MIDDLEWARE.insert(
+    MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1, "portal.middleware.ContentSecurityPolicyMiddleware"
+)
 INSTALLED_APPS += ["csp"]
 _CSP = {
     "DIRECTIVES": {
