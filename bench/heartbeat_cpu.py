@@ -4,8 +4,10 @@
     python bench/heartbeat_cpu.py --beats 100     # fewer beats (the state is the same)
     python bench/heartbeat_cpu.py --profile       # and cProfile's top functions for the beats with samples
 
-The whole request path as gunicorn runs it, minus the socket: Django's test client through every
-middleware, the agent API's view (body parsing and validation, the token's lookup, the liveness update),
+The whole request path as gunicorn runs it, minus the socket: Django's WSGI application called with a
+WSGI environ as gunicorn's worker calls it (the request signals, the connection's reuse and its health
+check, every middleware; Django's test client would add its own per-request signal wiring and leave the
+health check out), the agent API's view (body parsing and validation, the token's lookup, the liveness update),
 the heartbeat service and its writes, the JSON answer; on PostgreSQL (a throwaway database) at the state
 of a full fleet: 1,000 READY nodes of 8 H100s, 8 one-GPU tasks RUNNING on each. The figure is the
 beat's own CPU (`time.process_time` around each request), which the machine's load moves far less than
@@ -38,7 +40,7 @@ from bench.benchlib import result, use_code
 CODE = use_code()
 PG = os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432")
 KINDS = ("steady", "samples", "minute")
-OVER = "in-process: Django test client, whole request path, PostgreSQL, 1,000 nodes x 8 GPUs x 8 running tasks"
+OVER = "in-process: Django's WSGI application as gunicorn calls it, whole request path, PostgreSQL, 1,000 nodes x 8 GPUs x 8 running tasks"
 
 
 def main() -> None:
@@ -77,6 +79,20 @@ def main() -> None:
         if not args.keep_db:
             with psycopg.connect(f"{PG}/postgres", autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+
+
+def wsgi_environ(data: bytes, token: str) -> dict[str, object]:
+    """A heartbeat's WSGI environ, as gunicorn's worker builds it from the agent's request."""
+    import io
+
+    return {
+        "REQUEST_METHOD": "POST", "SCRIPT_NAME": "", "PATH_INFO": "/api/agent/v1/heartbeat", "QUERY_STRING": "",
+        "CONTENT_TYPE": "application/json", "CONTENT_LENGTH": str(len(data)), "HTTP_HOST": "testserver",
+        "HTTP_AUTHORIZATION": f"Bearer {token}", "HTTP_USER_AGENT": "yard-agent", "REMOTE_ADDR": "127.0.0.1",
+        "SERVER_NAME": "testserver", "SERVER_PORT": "80", "SERVER_PROTOCOL": "HTTP/1.1",
+        "wsgi.version": (1, 0), "wsgi.url_scheme": "http", "wsgi.input": io.BytesIO(data), "wsgi.errors": sys.stderr,
+        "wsgi.multithread": True, "wsgi.multiprocess": True, "wsgi.run_once": False,
+    }  # fmt: skip
 
 
 def build(nodes: int) -> dict[str, tuple[str, list[int]]]:
@@ -168,9 +184,9 @@ def run(args: argparse.Namespace) -> None:
     import io
     import pstats
 
+    from django.core.handlers.wsgi import WSGIHandler
     from django.core.management import call_command
     from django.db import connection
-    from django.test import Client
     from django.test.utils import CaptureQueriesContext
 
     began = time.monotonic()
@@ -184,19 +200,21 @@ def run(args: argparse.Namespace) -> None:
     print(f"code: {CODE}")
     print(f"state: {len(names)} READY nodes x 8 H100, {sum(len(t) for _, t in fleet.values())} one-GPU tasks RUNNING "
           f"(built in {time.monotonic() - began:.0f} s)")  # fmt: skip
-    client = Client()
+    app = WSGIHandler()
     started_at = time.time() - 1800
 
     def beat(kind: str, i: int, at: int) -> float:
         token, tasks = fleet[names[at % len(names)]]
-        data = body(kind, tasks, beat=i, started_at=started_at)
+        data = body(kind, tasks, beat=i, started_at=started_at).encode()
+        environ = wsgi_environ(data, token)
+        status: list[str] = []
         cpu = time.process_time()
-        response = client.post(
-            "/api/agent/v1/heartbeat", data, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"
-        )
+        answer = app(environ, lambda code, headers, exc_info=None: status.append(code))
+        content = b"".join(answer)
+        answer.close()  # request_finished: the connection is kept or closed here, as under gunicorn
         cpu = time.process_time() - cpu
-        if response.status_code != 200:
-            raise SystemExit(f"heartbeat answered {response.status_code}: {response.content[:500]!r}")
+        if not status[0].startswith("200"):
+            raise SystemExit(f"heartbeat answered {status[0]}: {content[:500]!r}")
         return cpu
 
     # The first beat of every node starts its tasks' facts; warm beats also load imports and the compiled query.
