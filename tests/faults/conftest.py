@@ -13,9 +13,12 @@ from tests.e2e.conftest import harness  # noqa: F401  (the fixture)
 @pytest.fixture
 def free_rendezvous_ports(settings: Any) -> tuple[int, int]:
     """YARD_RENDEZVOUS_PORTS set to a block of ports nothing listens on now, away from 29500, where other
-    tests (and workloads) on this host may meet at the same time."""
+    tests (and workloads) on this host may meet at the same time, and below Linux's ephemeral range
+    (32768-60999): there, any outgoing connection on the machine (the suite's own, to PostgreSQL and
+    Redis) may take a port of the block as its local port between this probe and the rank's bind."""
     size = 10
-    for low in range(39500 + os.getpid() % 200 * 10, 60000, size):
+    low_end, high_end = 20000, 29400
+    for low in range(low_end + os.getpid() % 900 * 10, high_end, size):
         probes = [socket.socket() for _ in range(size)]
         try:
             for probe, port in zip(probes, range(low, low + size), strict=True):
