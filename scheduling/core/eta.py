@@ -255,7 +255,7 @@ class _Model:
             mine = found.locs[j.job_id]
             busy.extend(mine)
             # A reserved GPU is not free when its current job ends: the reservation's job takes it then.
-            if reserved_locs:
+            if reserved_locs and not reserved_locs.isdisjoint(mine):
                 mine = tuple([x for x in mine if x not in reserved_locs])
             releases.append(Release(end, j.job_id, mine))
             self.holdings.append(_Holding(j.job_id, j.team, j.gpu_type, sum(map(len, j.replicas)), end, j.tier))
