@@ -242,6 +242,22 @@ def main() -> None:
         "api_submit.web_cpu_ms_per_job", 1000 * web_job, "ms", over="gunicorn's CPU while posting, the fleet's share taken out"
     )
     result("api_submit.heartbeat_p99_ms", 1000 * pct(beats, 99), "ms", over="agents' heartbeats while the clients post")
+    # What the submissions cost the worker: each asks for a cycle (scheduling/services/common.py cycle_window)
+    # and, behind a long queue, each cycle walks all of it.
+    result("api_submit.cycles", len(cycles), "cycles", over="cycles the worker ran while the clients posted")
+    result(
+        "api_submit.cycle_share",
+        sum(c["total"] for c in cycles) / seconds,
+        "of the window",
+        over="cycles' wall time over the posting window",
+    )
+    result("api_submit.worker_cpu_s", cpu.get("worker", 0.0), "s", over="the Celery worker's CPU while the clients posted")
+    result(
+        "api_submit.postgres_cpu_ms_per_job",
+        1000 * cpu.get("postgres", 0.0) / max(accepted, 1),
+        "ms",
+        over="PostgreSQL backends' CPU while posting, over the jobs",
+    )
     if errors:
         raise SystemExit(f"{len(errors)} submissions failed")
 

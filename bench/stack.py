@@ -363,7 +363,10 @@ print(token_create_service(actor=user, team=team, name="bench", expires_at=None)
 
     def cycles(self) -> list[dict[str, float]]:
         """The worker's cycle lines: placed, apply seconds, total seconds."""
-        pattern = re.compile(r"placed (\d+), .* in ([\d.]+) s \(snapshot ([\d.]+) s, plan ([\d.]+) s, apply ([\d.]+) s\)")
+        # "estimates" since the cycle logs them apart (issue 29); without it, no line matched and benches counted 0 cycles
+        pattern = re.compile(
+            r"placed (\d+), .* in ([\d.]+) s \(snapshot ([\d.]+) s, plan ([\d.]+) s, (?:estimates [\d.]+ s, )?apply ([\d.]+) s\)"
+        )
         out = []
         for line in (self.tmp / "worker.log").read_text(errors="replace").splitlines():
             m = pattern.search(line)

@@ -39,6 +39,7 @@ def main() -> None:
     parser.add_argument("--posts", type=int, default=300, help="submissions per round")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--profile", action="store_true", help="and cProfile's top functions, by cumulative and own time")
+    parser.add_argument("--profile-out", help="with --profile: also write the raw cProfile stats here (pstats, snakeviz)")
     parser.add_argument("--keep-db", help="use (and keep) this database; built the first time")
     args = parser.parse_args()
     import psycopg
@@ -147,6 +148,8 @@ def run(args: argparse.Namespace, *, fresh: bool, var: Path) -> None:
         for _ in range(args.posts):
             post()
         profile.disable()
+        if args.profile_out:
+            profile.dump_stats(args.profile_out)
         out = io.StringIO()
         pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(60)
         pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(40)

@@ -14,9 +14,17 @@ from django.contrib.auth.models import AnonymousUser, User
 from django.db.models import Q, QuerySet
 from django.http import Http404
 
+from tenants.compiled import CompiledQuery
 from tenants.models import Membership, OrgUnit, Role, SshKey, UnitKind
 
 AnyUser = User | AnonymousUser
+
+
+# Read at every request that checks a permission (every submission): compiled once per thread
+# (tenants/compiled.py), the same rows as Membership.objects.filter(user=user).select_related("unit").
+_MEMBERSHIPS: CompiledQuery[Membership] = CompiledQuery(
+    lambda user_id: Membership.objects.filter(user_id=user_id).select_related("unit"), -7_340_033
+)
 
 
 def _memberships(user: AnyUser) -> list[Membership]:
@@ -24,7 +32,7 @@ def _memberships(user: AnyUser) -> list[Membership]:
         return []
     cached: list[Membership] | None = getattr(user, "_yard_memberships", None)
     if cached is None:
-        cached = list(Membership.objects.filter(user=user).select_related("unit"))
+        cached = _MEMBERSHIPS.objects(user.pk)
         setattr(user, "_yard_memberships", cached)  # noqa: B010  # per-request cache
     return cached
 

@@ -17,6 +17,7 @@ from django.db.models import Sum
 from django.utils import timezone
 from django.utils.text import slugify
 
+from tenants.compiled import CompiledQuery
 from tenants.models import (
     KIND_DEPTH,
     ApiToken,
@@ -369,11 +370,20 @@ def token_create_service(*, actor: User | None, team: OrgUnit, name: str, expire
     return IssuedToken(token=token, raw=raw)
 
 
+# Every API request looks its token up: compiled once per thread (tenants/compiled.py), the same answer as
+# ApiToken.objects.select_related("user").filter(token_hash=...).first().
+_TOKEN_BY_HASH: CompiledQuery[ApiToken] = CompiledQuery(
+    lambda token_hash: ApiToken.objects.select_related("user").filter(token_hash=token_hash).order_by("pk")[:1],
+    "\x00token-hash-sentinel",
+)
+
+
 def token_authenticate(*, raw: str) -> ApiToken | None:
     """The active token for ``raw``, or None (unknown, revoked or expired)."""
     if not raw.startswith(TOKEN_PREFIX):
         return None
-    token = ApiToken.objects.select_related("user").filter(token_hash=hash_token(raw)).first()
+    found = _TOKEN_BY_HASH.objects(hash_token(raw))
+    token = found[0] if found else None
     now = timezone.now()
     if token is None or not token.is_active(now) or not token.user.is_active:
         return None

@@ -57,12 +57,18 @@ def _detail_queryset() -> QuerySet[Job]:
 def _as_submitted(job: Job) -> Job:
     """A job just made by job_submit, with what the detail serializer reads (no task yet, its one event)
     in place, so showing it costs no query (a submission at CI rates must not read back what it wrote)."""
-    tasks = Task.objects.none()
-    events = JobEvent.objects.filter(job=job)
-    events._result_cache = [job.submit_event]  # type: ignore[attr-defined]
-    events._prefetch_done = True  # type: ignore[attr-defined]
+    event = job.submit_event  # type: ignore[attr-defined]
+    tasks, events = _prefetched(Task.objects.all(), []), _prefetched(JobEvent.objects.all(), [event])
     job._prefetched_objects_cache = {"tasks": tasks, "events": events}  # type: ignore[attr-defined]
     return job
+
+
+def _prefetched(qs: QuerySet[Any], rows: list[Any]) -> QuerySet[Any]:
+    """A queryset that is already evaluated to ``rows``, as prefetch_related leaves one. (An empty
+    ``none()`` is no such thing: iterating it compiles the query to find it empty, 0.15 ms a submission.)"""
+    qs._result_cache = rows
+    qs._prefetch_done = True  # type: ignore[attr-defined]
+    return qs
 
 
 def _detail(request: Request, job: Job) -> dict[str, Any]:

@@ -12,11 +12,12 @@ from collections import defaultdict
 from datetime import datetime
 from typing import Any
 
-from django.db.models import FilteredRelation, Q
+from django.db.models import FilteredRelation, Q, QuerySet
 
 from scheduling.core.fairshare import RESOURCES
 from scheduling.core.types import QuotaUnit
 from scheduling.selectors.usage import decayed_usage, fairshare_capacity
+from tenants.compiled import CompiledQuery
 from tenants.models import OrgUnit, Quota, UnitKind
 
 # id -> slug of every org unit, refreshed by each snapshot (a unit renamed since shows under its new name).
@@ -71,17 +72,35 @@ def _quotas(now: datetime) -> tuple[QuotaUnit, ...]:
     return tuple(units)
 
 
-def quota_chain(*, team: OrgUnit, gpu_type: str) -> tuple[QuotaUnit, ...]:
-    """The team and its ancestors with their guarantees and limits of one GPU type: all the quota tree
-    the admission check needs (one query)."""
-    ids = [int(part) for part in team.path.strip("/").split("/") if part] or [team.pk]
-    # Each unit with its quota of this GPU type, if it has one, in one statement (a LEFT JOIN).
-    rows = (
+def _chain_rows(*args: Any) -> QuerySet[Any, Any]:
+    """Each unit of the chain (``args``: the ids, then the GPU type) with its quota of this GPU type, if it
+    has one, in one statement (a LEFT JOIN)."""
+    *ids, gpu_type = args
+    return (
         OrgUnit.objects.filter(pk__in=ids)
         .annotate(q=FilteredRelation("quotas", condition=Q(quotas__gpu_type=gpu_type)))
         .values_list("id", "parent_id", "slug", "q__id", "q__guaranteed", "q__limit")
         .order_by()
     )
+
+
+# Compiled once per thread and chain length (tenants/compiled.py): every submission reads its chain.
+_CHAINS: dict[int, CompiledQuery[OrgUnit]] = {}
+
+
+def _chain_query(depth: int) -> CompiledQuery[OrgUnit]:
+    query = _CHAINS.get(depth)
+    if query is None:
+        sentinels = [-7_340_033 - i for i in range(depth)]
+        query = _CHAINS.setdefault(depth, CompiledQuery(_chain_rows, *sentinels, "\x00gpu-type-sentinel"))
+    return query
+
+
+def quota_chain(*, team: OrgUnit, gpu_type: str) -> tuple[QuotaUnit, ...]:
+    """The team and its ancestors with their guarantees and limits of one GPU type: all the quota tree
+    the admission check needs (one query)."""
+    ids = [int(part) for part in team.path.strip("/").split("/") if part] or [team.pk]
+    rows = _chain_query(len(ids)).rows(*ids, gpu_type)
     units = {pk: (parent_id, quota_id, guaranteed, limit) for pk, parent_id, slug, quota_id, guaranteed, limit in rows}
     _SLUGS.update({pk: slug for pk, _, slug, *_ in rows})
     return tuple(

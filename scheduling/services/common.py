@@ -4,9 +4,12 @@ notes, and the debounced request for a scheduling cycle."""
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
+from typing import cast
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.cache import cache
 from django.db import transaction
@@ -72,6 +75,9 @@ MAX_TIME_LIMIT_S = 30 * 24 * 3600
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 _CYCLE_KICK_KEY = "yard:cycle-kick"
 _CYCLE_DEBOUNCE_S = 1
+# The last cycle's wall seconds, as every cycle writes it (scheduling/cycle.py's CYCLE_SECONDS_CACHE_KEY;
+# that module imports this one, so the name is repeated here and a test holds the two equal).
+_LAST_CYCLE_S_KEY = "yard:last_cycle_s"
 # A requested cycle starts no earlier than its countdown (Celery's ETA), so a job committed up to then is in
 # its snapshot; this much is kept back for the clocks of two web hosts.
 _CYCLE_DUE_MARGIN_S = 0.2
@@ -110,13 +116,26 @@ def _note(job: Job, reason: str, *, actor: User | None = None, actor_label: str 
 def cycle_request() -> None:
     """Ask for a scheduling cycle once the current transaction commits, debounced cluster-wide.
 
-    The first request in a window of _CYCLE_DEBOUNCE_S sets a short cache key and sends one
-    run_cycle with that countdown, so a burst of submits or task ends makes one cycle, which
-    sees all of them; requests after the window get the next one, and beat covers the rest.
+    The first request in a window (cycle_window: 1 s, or twice the last cycle's length under a long
+    queue) sets a short cache key and sends one run_cycle with that countdown, so a burst of submits
+    or task ends makes one cycle, which sees all of them; requests after the window get the next
+    one, and beat covers the rest.
     The key holds when that cycle is due, and a process that knows a cycle is still to come after
     its commit asks neither Redis nor the broker: one round trip a window per process, not one a job.
     """
     transaction.on_commit(_kick_cycle)
+
+
+def cycle_window(last_cycle_s: object) -> int:
+    """Whole seconds from a requested cycle to the next that requests may ask for: twice the last cycle's
+    length, rounded up, at least _CYCLE_DEBOUNCE_S and at most the beat's interval (beat runs one then
+    anyway). A burst of submissions behind a long queue, where each cycle walks the whole queue, then
+    keeps the worker in cycles at most half the time instead of back to back (docs/scale.md, "Eight
+    clients"); a cycle of under half a second is asked for a second out, as before. Whole seconds: the
+    cache's timeouts are, and the key must not outlive the cycle it announces."""
+    longest = max(_CYCLE_DEBOUNCE_S, int(cast(float, settings.YARD["CYCLE_INTERVAL_S"])))
+    seconds = last_cycle_s if isinstance(last_cycle_s, int | float) and last_cycle_s > 0 else 0.0
+    return min(max(_CYCLE_DEBOUNCE_S, math.ceil(2 * seconds)), longest)
 
 
 def _kick_cycle() -> None:
@@ -125,14 +144,19 @@ def _kick_cycle() -> None:
     if now < _cycle_due - _CYCLE_DUE_MARGIN_S:
         return  # committed before that cycle starts: it will see this change
     try:
-        due = now + _CYCLE_DEBOUNCE_S
-        if cache.add(_CYCLE_KICK_KEY, due, timeout=_CYCLE_DEBOUNCE_S):
-            # By name: the task module imports the cycle, which imports this one.
-            send_task("scheduling.tasks.run_cycle", countdown=_CYCLE_DEBOUNCE_S)
-        else:
-            # Another process asked first; an older key (a plain 1) says nothing of when: ask again next time.
-            other = cache.get(_CYCLE_KICK_KEY)
-            due = float(other) if isinstance(other, float) else 0.0
-        _cycle_due = due
+        # One round trip for both: whether a cycle is asked for already, and how long the last one took.
+        known = cache.get_many([_CYCLE_KICK_KEY, _LAST_CYCLE_S_KEY])
+        other = known.get(_CYCLE_KICK_KEY)
+        if other is None:
+            window = cycle_window(known.get(_LAST_CYCLE_S_KEY))
+            due = now + window
+            if cache.add(_CYCLE_KICK_KEY, due, timeout=window):
+                # By name: the task module imports the cycle, which imports this one.
+                send_task("scheduling.tasks.run_cycle", countdown=window)
+                _cycle_due = due
+                return
+            other = cache.get(_CYCLE_KICK_KEY)  # another process asked in between
+        # Another process asked first; an older key (a plain 1) says nothing of when: ask again next time.
+        _cycle_due = float(other) if isinstance(other, float) else 0.0
     except Exception:  # the broker or cache being down must not fail a submit; beat runs the cycle anyway
         log.warning("could not request a scheduling cycle", exc_info=True)

@@ -1,5 +1,5 @@
 """What makes a submission cheap keeps its answers: the admission verdicts remembered per cluster shape
-and quota chain, and the job serializers' fields built once per class."""
+and the job serializers' fields built once per class; the one-statement write and the compiled reads."""
 
 import threading
 
@@ -9,7 +9,7 @@ from rest_framework.test import APIRequestFactory
 
 from scheduling.api import serializers as s
 from scheduling.cycle import run_cycle_once
-from scheduling.models import Job, Node
+from scheduling.models import Job, JobEvent, Node
 from tenants.services import quota_set
 from tests.api.conftest import job_body, token_client
 
@@ -97,3 +97,104 @@ def test_two_bodies_checked_at_once_keep_their_own_errors_and_values(cast):
     assert good.is_valid() and not bad.is_valid()
     assert set(bad.errors) == {"command", "replicas"}
     assert (good.validated_data["replicas"], good.validated_data["env"]) == (3, {"B": "2"})
+
+
+# --------------------------------------------------------------------------- one statement, compiled once
+
+
+def _rows(job: Job) -> tuple[dict, list[dict], list[dict]]:
+    """The job's columns, its events' and its audit entries', bar ids and the audit entry's own time."""
+    from tenants.models import AuditEntry
+
+    row = dict(Job.objects.filter(pk=job.pk).values().get())
+    row.pop("id")
+    row["checkpoint_dir"] = row["checkpoint_dir"].removesuffix(f"/{job.pk}")
+    events = list(
+        JobEvent.objects.filter(job=job).values("time", "attempt", "from_state", "to_state", "reason", "actor_id", "actor_label")
+    )
+    audits = list(
+        AuditEntry.objects.filter(object_type="job", object_id=str(job.pk)).values(
+            "actor_id", "actor_label", "action", "unit_id", "message", "data"
+        )
+    )
+    return row, events, audits
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"checkpoint_dir": "team-a/ckpt/../run-7", "priority": 5, "env": {"A": "1"}},
+        {"image": "python:3.12", "container_mounts": "/data:/data:ro", "container_workdir": "/work"},
+    ],
+)
+def test_the_one_statement_writes_the_rows_the_orm_writes(cast, nodes, settings, changes):
+    from django.utils import timezone
+
+    from scheduling.services import submit
+
+    if "checkpoint_dir" in changes:
+        changes = {**changes, "checkpoint_dir": f"{settings.YARD['CHECKPOINT_ROOT']}/{changes['checkpoint_dir']}"}
+    spec, verdict, now = submit.job_admit(
+        user=cast.ann, spec=submit.JobSpec(name="same", team=cast.org.team_a, command="true", **changes)
+    )
+    old = submit._create_job(user=cast.ann, spec=spec, key="k-orm", copied_from=None, now=now, verdict=verdict)
+    new = submit._insert_job(user=cast.ann, spec=spec, key="k-sql", copied_from=old, now=now, verdict=verdict)
+    assert new is not None and new.pk != old.pk
+    orm, sql = _rows(old), _rows(new)
+    assert (sql[0].pop("idempotency_key"), orm[0].pop("idempotency_key")) == ("k-sql", "k-orm")
+    assert (sql[0].pop("copied_from_id"), orm[0].pop("copied_from_id")) == (old.pk, None)
+    for audits in (orm[2], sql[2]):
+        audits[0]["data"].pop("idempotency_key")
+        audits[0]["data"].pop("copied_from")
+    assert sql == orm
+    # What the answer shows of the new job is what was written.
+    assert (new.checkpoint_dir, new.submit_event.pk) == (
+        Job.objects.get(pk=new.pk).checkpoint_dir,
+        JobEvent.objects.get(job=new).pk,
+    )
+    assert new.submitted_at == now and new.submitted_at <= timezone.now()
+
+
+def test_the_one_statement_writes_nothing_for_a_key_already_used(cast, nodes):
+    from scheduling.services import submit
+
+    spec, verdict, now = submit.job_admit(user=cast.ann, spec=submit.JobSpec(name="k", team=cast.org.team_a, command="true"))
+    first = submit._insert_job(user=cast.ann, spec=spec, key="once", copied_from=None, now=now, verdict=verdict)
+    again = submit._insert_job(user=cast.ann, spec=spec, key="once", copied_from=None, now=now, verdict=verdict)
+    assert first is not None and again is None
+    assert Job.objects.filter(user=cast.ann, idempotency_key="once").count() == 1
+    assert JobEvent.objects.filter(job__user=cast.ann, job__idempotency_key="once").count() == 1
+
+
+def test_the_compiled_reads_answer_as_the_orm_does(cast, nodes):
+    from scheduling.selectors import quotas
+    from tenants import selectors
+    from tenants.models import ApiToken, Membership, OrgUnit, hash_token
+    from tenants.services import _TOKEN_BY_HASH
+
+    token = ApiToken.objects.select_related("user").filter(token_hash=hash_token(cast.ci_token)).first()
+    [compiled] = _TOKEN_BY_HASH.objects(hash_token(cast.ci_token))
+    assert (compiled.pk, compiled.user.username, compiled.team_id, compiled.expires_at) == (
+        token.pk, token.user.username, token.team_id, token.expires_at
+    )  # fmt: skip
+    assert _TOKEN_BY_HASH.objects(hash_token("ym_no-such-token")) == []
+    for user in (cast.ann, token.user):
+        ms = list(Membership.objects.filter(user=user).select_related("unit"))
+        got = selectors._MEMBERSHIPS.objects(user.pk)
+        assert [(m.pk, m.role, m.unit.pk, m.unit.path, m.unit.kind) for m in got] == [
+            (m.pk, m.role, m.unit.pk, m.unit.path, m.unit.kind) for m in ms
+        ]
+    for unit in OrgUnit.objects.all():
+        for gpu_type in ("H100", "A100"):
+            ids = [int(p) for p in unit.path.strip("/").split("/") if p] or [unit.pk]
+            assert quotas._chain_query(len(ids)).rows(*ids, gpu_type) == list(quotas._chain_rows(*ids, gpu_type))
+
+
+def test_a_compiled_read_refuses_a_sentinel_it_cannot_find():
+    from tenants.compiled import CompiledQuery
+    from tenants.models import OrgUnit
+
+    query = CompiledQuery(lambda slug: OrgUnit.objects.filter(slug__icontains=slug), "sentinel")
+    with pytest.raises(ValueError, match="appears 0 times"):
+        query.rows("x")
