@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import shlex
 import sys
 import time
@@ -30,6 +31,7 @@ from scheduling.sim.metrics import (
     summarise,
     targets_table,
     team_table,
+    verdicts_table,
 )
 from scheduling.sim.policies import KNOWN, LIMIT_BLIND, NAMES, RENAMED, make_policy
 from scheduling.sim.replay_types import DEPLOYMENT_CYCLE_S, ReplayConfig
@@ -203,6 +205,7 @@ def replay_config(task: Task) -> ReplayConfig:
 
 
 def _replay(task: Task) -> Summary:
+    cpu0 = time.process_time()
     jobs = _jobs(task.workload, task.args)
     result = Replay(
         jobs,
@@ -214,9 +217,10 @@ def _replay(task: Task) -> Summary:
         name=task.policy,
     ).run()
     summary = summarise(result, time_limits=task.mode, workload=task.workload, slowdown=task.slowdown)
+    summary.cpu_s = time.process_time() - cpu0
     print(
         f"  done: {task.workload} {task.policy} {task.mode} {task.nodes} nodes, slowdown {slowdown_label(task.slowdown)} "
-        f"in {summary.wall_s:.1f} s",
+        f"in {summary.wall_s:.1f} s ({summary.cpu_s:.1f} s CPU)",
         file=sys.stderr,
         flush=True,
     )
@@ -238,11 +242,15 @@ def tasks(args: argparse.Namespace) -> list[Task]:
     return sorted(out, key=lambda t: (not t.policy.startswith("yardmaster"), t.workload in MIXES, t.nodes))
 
 
-def report(rows: list[Summary], command: str, wall_s: float) -> str:
+def report(rows: list[Summary], command: str, wall_s: float, load: str = "") -> str:
+    cpu = sum(s.cpu_s for s in rows)
     parts = [
-        f"Command: `{command}`\n\nWall time of the whole run: {wall_s:.0f} s.\n\n"
+        f"Command: `{command}`\n\nWall time of the whole run: {wall_s:.0f} s; CPU time of its {len(rows)} replays: "
+        f"{cpu:.0f} s{load}.\n\n"
         "Yardmaster against the best baseline on each metric (in brackets: how far ahead, + is better; "
         f"the baseline named is the best on that metric):\n\n{targets_table(rows)}\n"
+        "The verdicts: Yardmaster ahead of the best baseline on each metric, tied with it (within 1 %, or 0.5 "
+        f"points for a share) or behind it:\n\n{verdicts_table(rows)}\n"
         f"Every replay:\n\n{compact_table(rows)}"
     ]
     groups = sorted({(s.workload, s.nodes, s.slowdown) for s in rows}, key=lambda g: (g[0] in MIXES, g[0], -g[1], g[2]))
@@ -266,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         if name not in KNOWN:
             parser().error(f"unknown policy {name!r}; choose from {', '.join(KNOWN)}")
     work = tasks(args)
+    load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     if args.jobs > 1 and len(work) > 1:
         with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
@@ -276,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     order = {name: i for i, name in enumerate(KNOWN)}
     rows.sort(key=lambda s: (s.workload in MIXES, s.workload, -s.nodes, s.slowdown, order[s.policy], s.time_limits))
     command = "python -m scheduling.sim " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    text = report(rows, command, wall)
+    # The machine's 1-minute load average as the run began and ended: a wall time means little without it.
+    load = f" on {args.jobs} processes; load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    text = report(rows, command, wall, load)
     print(text)
     if args.out is not None:
         from scheduling.sim.plots import write_plots
