@@ -77,7 +77,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m scheduling.sim", description=__doc__)
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="trace CSV (default: bundled Philly month)")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N jobs of each workload")
-    p.add_argument("--nodes", type=int, nargs="+", default=[256], help="cluster sizes in nodes for the trace")
+    p.add_argument("--nodes", type=int, nargs="+", default=[256], help="cluster sizes in nodes for the trace; 0: skip it")
     p.add_argument(
         "--gang-heavy-nodes", type=int, default=GangHeavy().nodes, help="nodes for the gang-heavy workload; 0: skip it"
     )
@@ -229,7 +229,7 @@ def _replay(task: Task) -> Summary:
 
 def tasks(args: argparse.Namespace) -> list[Task]:
     modes = ["oracle", "estimate"] if args.time_limits == "both" else [args.time_limits]
-    sizes = [(trace_label(args), n) for n in args.nodes]
+    sizes = [(trace_label(args), n) for n in args.nodes if n > 0]
     if args.gang_heavy_nodes > 0:
         sizes.extend((name, args.gang_heavy_nodes) for name in args.gang_heavy)
     out = []

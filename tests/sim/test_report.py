@@ -79,3 +79,13 @@ def test_a_verdict_is_a_tie_within_one_percent_or_half_a_point() -> None:
     assert verdict(0.896, 0.900, True, "GPU util") == "tie"
     assert verdict(0.890, 0.900, True, "GPU util") == "behind"
     assert verdict(0.910, 0.900, True, "GPU util") == "ahead"
+
+
+def test_nodes_0_leaves_the_trace_out_and_both_gang_heavy_workloads_are_replayed_by_default() -> None:
+    from scheduling.sim.cli import parser, tasks
+
+    work = tasks(parser().parse_args(["--nodes", "0", "--policies", "yardmaster", "--time-limits", "estimate"]))
+    assert {(t.workload, t.nodes) for t in work} == {("gang-heavy", 100), ("gang-heavy-b", 100)}
+    assert len(work) == 2 * 3  # each at the three spanning slowdowns
+    one = tasks(parser().parse_args(["--nodes", "0", "--gang-heavy", "gang-heavy-b", "--policies", "fifo"]))
+    assert {t.workload for t in one} == {"gang-heavy-b"}
