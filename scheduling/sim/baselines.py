@@ -74,33 +74,6 @@ def free_gpus(snapshot: Snapshot, idx: _Index) -> dict[str, list[str]]:
     return {n: [g for g in idx.gpus[n] if g not in taken] for n in idx.names}
 
 
-class _LazyFree(dict[str, list[str]]):
-    """Node -> its free GPU ids in index order, each list made when first asked for: a cycle places on few
-    nodes, and listing every node's free GPUs each cycle was most of a baseline's cost outside its search."""
-
-    def __init__(self, idx: _Index, taken_on: dict[str, list[tuple[str, ...]]]) -> None:
-        super().__init__()
-        self.idx = idx
-        self.taken_on = taken_on
-
-    def __missing__(self, node: str) -> list[str]:
-        taken = {g for replica in self.taken_on.get(node, ()) for g in replica}
-        free = self[node] = [g for g in self.idx.gpus[node] if g not in taken]
-        return free
-
-
-def free_counts(snapshot: Snapshot, idx: _Index) -> tuple[dict[str, int], dict[str, list[str]]]:
-    """Schedulable node -> how many GPUs are free, and node -> its free GPU ids (``free_gpus``, made lazily)."""
-    taken_on: dict[str, list[tuple[str, ...]]] = {}
-    busy: dict[str, int] = {}
-    for r in snapshot.running:
-        for n, replica in zip(_nodes_of(idx, r.replicas), r.replicas, strict=True):
-            taken_on.setdefault(n, []).append(replica)
-            busy[n] = busy.get(n, 0) + len(replica)
-    counts = {n: len(idx.gpus[n]) - busy.get(n, 0) for n in idx.names}
-    return counts, _LazyFree(idx, taken_on)
-
-
 def _placement(idx: _Index, job_id: str, replicas: list[tuple[str, ...]], nodes: list[str]) -> Placement:
     locality, leaves, spines = span(nodes, idx.leaf, idx.spine)
     return Placement(
@@ -241,7 +214,8 @@ def _reasons(pending: Iterable[PendingJob], placed: set[str], reason: str) -> di
 
 def fifo(snapshot: Snapshot, *, now: float) -> Plan:
     idx = _index(snapshot.topology)
-    counts, free = free_counts(snapshot, idx)
+    free = free_gpus(snapshot, idx)
+    counts = {n: len(g) for n, g in free.items()}
     placements = []
     for job in _submit_order(snapshot.pending):
         nodes = _first_fit_nodes(counts, idx, job)
@@ -426,7 +400,8 @@ def easy_backfill_topo(snapshot: Snapshot, *, now: float) -> Plan:
 
 def _easy(snapshot: Snapshot, now: float, fit_nodes: FitNodes) -> Plan:
     idx = _index(snapshot.topology)
-    counts, free = free_counts(snapshot, idx)
+    free = free_gpus(snapshot, idx)
+    counts = {n: len(g) for n, g in free.items()}
     total_free = sum(counts.values())
     placements: list[Placement] = []
     started: list[tuple[float, list[str], int]] = []  # (limit end, nodes, GPUs per replica)
