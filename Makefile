@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: run test fuzz lint bench eval venv clean
+.PHONY: run test fuzz lint bench eval eval-full venv clean
 
 venv: $(STAMP)
 $(STAMP): pyproject.toml
@@ -49,11 +49,16 @@ bench: venv
 	@bash scripts/services.sh
 	$(PY) bench/compare.py --base "$(BENCH_BASE)" $(BENCH_ARGS)
 
-## Trace replay of the Philly month: tables and plots under docs/eval/.
-## The published tables' run (README, docs/eval/): on the 60 s cycle grid they were measured on. The replay's own
-## default is the deployment's 5 s (about 2.7x the CPU); see docs/evaluation.md.
+## Trace replay: issue 30's question (Yardmaster against every baseline, estimated limits, spanning slowdowns 0, 10
+## and 25 %) on the Philly month at 192 and 160 nodes and both gang-heavy workloads at 100, on the deployment's 5 s
+## cycle, EVAL_JOBS replays at a time: tables and plots under docs/eval/. eval-full adds 256 nodes and exact limits
+## (docs/eval/full/). Timings and what each table measures: docs/evaluation.md.
+EVAL_JOBS ?= 2
 eval: venv
-	$(PY) -m scheduling.sim --nodes 256 192 160 --time-limits both --cycle-s 60 --out docs/eval
+	$(PY) -m scheduling.sim --nodes 192 160 --time-limits estimate --jobs $(EVAL_JOBS) --out docs/eval
+
+eval-full: venv
+	$(PY) -m scheduling.sim --nodes 256 192 160 --time-limits both --jobs $(EVAL_JOBS) --out docs/eval/full
 
 clean:
 	rm -rf var/ .pytest_cache .mypy_cache .ruff_cache

@@ -344,7 +344,13 @@ def _shadow(
         ends.append((max(end, now), _nodes_of(idx, r.replicas), len(r.replicas[0])))
     ends.sort(key=lambda e: e[0])
     projected = dict(counts)
-    total = sum(counts.values())
+    # Both node choices (best fit; Slurm's switch fit) place a gang of R replicas of P GPUs whenever
+    # R replica slots exist, a slot being P free GPUs on one node of its type (each replica placed
+    # takes exactly one slot of its node), and fail otherwise. So the slots are counted as GPUs free
+    # up and the node choice runs once, at the first time they suffice: the same time and the same
+    # slack as trying it at every end time, without scanning every node at each.
+    per_head, want, kind = head.gpus_per_replica, head.replicas, head.gpu_type
+    slots = sum(c // per_head for n, c in projected.items() if idx.type[n] == kind)
     i = 0
     while i < len(ends):
         t = ends[i][0]
@@ -352,25 +358,36 @@ def _shadow(
             _, nodes, per = ends[i]
             for n in nodes:
                 if n in projected:
-                    projected[n] += per
-                    total += per
+                    before = projected[n]
+                    projected[n] = before + per
+                    if idx.type[n] == kind:
+                        slots += (before + per) // per_head - before // per_head
             i += 1
-        if total < head.gpu_count:
-            continue  # cannot fit yet whatever the layout: skip the node scan
+        if slots < want:
+            continue  # no layout holds it yet
         trial = dict(projected)
         if fit_nodes(trial, idx, head) is not None:
             return t, trial
     return float("inf"), dict.fromkeys(counts, 0)
 
 
-_node_of_gpu_cache: list[tuple[Topology, dict[str, str]]] = []
+_node_of_gpu_cache: list[tuple[Topology, dict[str, str], dict[int, tuple[object, list[str]]]]] = []
 
 
 def _nodes_of(idx: _Index, replicas: tuple[tuple[str, ...], ...]) -> list[str]:
+    """The node of each replica. Kept per replicas tuple (the engine hands a running job's replicas
+    to every cycle as the same object), checked by identity, so a reused id never answers wrongly."""
     if not _node_of_gpu_cache or _node_of_gpu_cache[0][0] is not idx.topology:
-        _node_of_gpu_cache[:] = [(idx.topology, {g: n for n, gs in idx.gpus.items() for g in gs})]
-    lookup = _node_of_gpu_cache[0][1]
-    return [lookup[r[0]] for r in replicas]
+        _node_of_gpu_cache[:] = [(idx.topology, {g: n for n, gs in idx.gpus.items() for g in gs}, {})]
+    _, lookup, seen = _node_of_gpu_cache[0]
+    hit = seen.get(id(replicas))
+    if hit is not None and hit[0] is replicas:
+        return hit[1]
+    nodes = [lookup[r[0]] for r in replicas]
+    if len(seen) > 100_000:
+        seen.clear()
+    seen[id(replicas)] = (replicas, nodes)
+    return nodes
 
 
 def easy_backfill(snapshot: Snapshot, *, now: float) -> Plan:

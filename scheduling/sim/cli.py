@@ -3,14 +3,15 @@
 Each (workload, policy, size, time-limit mode, spanning slowdown) replay is independent and runs in
 its own process (``--jobs``); the tables are printed as markdown and, with ``--out``, written to
 ``results.md`` there beside the PNG plots. The workloads are the trace (``--trace``, default the
-Philly month, at each of ``--nodes``) and the seeded gang-heavy workload drawn from it
-(``workload.py``, at ``--gang-heavy-nodes``; 0 leaves it out).
+Philly month, at each of ``--nodes``) and the seeded gang-heavy workloads drawn from it
+(``workload.MIXES``, those named by ``--gang-heavy``, at ``--gang-heavy-nodes``; 0 leaves them out).
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import shlex
 import sys
 import time
@@ -30,16 +31,17 @@ from scheduling.sim.metrics import (
     summarise,
     targets_table,
     team_table,
+    verdicts_table,
 )
 from scheduling.sim.policies import KNOWN, LIMIT_BLIND, NAMES, RENAMED, make_policy
 from scheduling.sim.replay_types import DEPLOYMENT_CYCLE_S, ReplayConfig
 from scheduling.sim.trace import TraceJob, load_trace, time_limits
-from scheduling.sim.workload import GangHeavy, gang_heavy
+from scheduling.sim.workload import MIXES, GangHeavy, gang_heavy
 
 DATA = Path(__file__).parent / "data"
 DEFAULT_TRACE = DATA / "philly_sep2017.csv"
 DEFAULT_QUOTAS = DATA / "philly_quotas.csv"
-GANG_HEAVY = "gang-heavy"
+GANG_HEAVY = "gang-heavy"  # the first of workload.MIXES
 
 
 def _parse_types(text: str) -> tuple[tuple[str, int], ...]:
@@ -63,15 +65,29 @@ def _slowdowns(text: str) -> list[float]:
     return values
 
 
+def _mixes(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in MIXES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(MIXES)}")
+    return names
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m scheduling.sim", description=__doc__)
     p.add_argument("--trace", type=Path, default=DEFAULT_TRACE, help="trace CSV (default: bundled Philly month)")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N jobs of each workload")
-    p.add_argument("--nodes", type=int, nargs="+", default=[256], help="cluster sizes in nodes for the trace")
+    p.add_argument("--nodes", type=int, nargs="+", default=[256], help="cluster sizes in nodes for the trace; 0: skip it")
     p.add_argument(
         "--gang-heavy-nodes", type=int, default=GangHeavy().nodes, help="nodes for the gang-heavy workload; 0: skip it"
     )
-    p.add_argument("--gang-heavy-seed", type=int, default=GangHeavy().seed)
+    p.add_argument(
+        "--gang-heavy",
+        type=_mixes,
+        default=list(MIXES),
+        help=f"comma list of the gang-heavy workloads to replay (workload.MIXES: {', '.join(MIXES)})",
+    )
+    p.add_argument("--gang-heavy-seed", type=int, default=GangHeavy().seed, help=f"seed of {GANG_HEAVY}")
     p.add_argument("--gpus-per-node", type=int, default=8)
     p.add_argument("--nodes-per-leaf", type=int, default=32, help="for the trace (the gang-heavy cluster has its own)")
     p.add_argument("--leaves-per-spine", type=int, default=4)
@@ -136,8 +152,10 @@ _trace_cache: dict[tuple[str, str, int | None, int], list[TraceJob]] = {}
 def _jobs(workload: str, args: argparse.Namespace) -> list[TraceJob]:
     key = (workload, str(args.trace), args.limit, args.gang_heavy_seed)
     if key not in _trace_cache:
-        if workload == GANG_HEAVY:
-            jobs = gang_heavy(GangHeavy(seed=args.gang_heavy_seed, nodes=args.gang_heavy_nodes))
+        if workload in MIXES:
+            mix = MIXES[workload]
+            seed = args.gang_heavy_seed if workload == GANG_HEAVY else mix.seed
+            jobs = gang_heavy(replace(mix, seed=seed, nodes=args.gang_heavy_nodes))
             _trace_cache[key] = jobs[: args.limit] if args.limit is not None else jobs
         else:
             _trace_cache[key] = load_trace(args.trace, limit=args.limit)
@@ -146,8 +164,8 @@ def _jobs(workload: str, args: argparse.Namespace) -> list[TraceJob]:
 
 def _shape(task: Task) -> ClusterShape:
     args = task.args
-    if task.workload == GANG_HEAVY:
-        g = GangHeavy()
+    if task.workload in MIXES:
+        g = MIXES[task.workload]
         return ClusterShape(nodes=task.nodes, gpus_per_node=g.gpus_per_node, nodes_per_leaf=g.nodes_per_leaf, leaves_per_spine=4)
     types = _parse_types(args.gpu_types)
     return ClusterShape(
@@ -178,7 +196,7 @@ def replay_config(task: Task) -> ReplayConfig:
         wake_s=args.wake_s,
         checkpoint_s=args.checkpoint_s,
         # The gang-heavy workload starts at 0 with no history to skip: its window is the whole trace.
-        busy_from=0.0 if task.workload == GANG_HEAVY else busy_from(args),
+        busy_from=0.0 if task.workload in MIXES else busy_from(args),
         span_slowdown=task.slowdown,
         leaf_locality=LeafLocality(args.leaf_locality),
         # The replay keeps Placement.at_risk across cycles (as RunningJob.at_risk), so it can lend at risk.
@@ -187,6 +205,7 @@ def replay_config(task: Task) -> ReplayConfig:
 
 
 def _replay(task: Task) -> Summary:
+    cpu0 = time.process_time()
     jobs = _jobs(task.workload, task.args)
     result = Replay(
         jobs,
@@ -198,9 +217,10 @@ def _replay(task: Task) -> Summary:
         name=task.policy,
     ).run()
     summary = summarise(result, time_limits=task.mode, workload=task.workload, slowdown=task.slowdown)
+    summary.cpu_s = time.process_time() - cpu0
     print(
         f"  done: {task.workload} {task.policy} {task.mode} {task.nodes} nodes, slowdown {slowdown_label(task.slowdown)} "
-        f"in {summary.wall_s:.1f} s",
+        f"in {summary.wall_s:.1f} s ({summary.cpu_s:.1f} s CPU)",
         file=sys.stderr,
         flush=True,
     )
@@ -209,9 +229,9 @@ def _replay(task: Task) -> Summary:
 
 def tasks(args: argparse.Namespace) -> list[Task]:
     modes = ["oracle", "estimate"] if args.time_limits == "both" else [args.time_limits]
-    sizes = [(trace_label(args), n) for n in args.nodes]
+    sizes = [(trace_label(args), n) for n in args.nodes if n > 0]
     if args.gang_heavy_nodes > 0:
-        sizes.append((GANG_HEAVY, args.gang_heavy_nodes))
+        sizes.extend((name, args.gang_heavy_nodes) for name in args.gang_heavy)
     out = []
     for workload, nodes in sizes:
         for slowdown in args.slowdowns:
@@ -219,17 +239,21 @@ def tasks(args: argparse.Namespace) -> list[Task]:
                 for mode in ["-"] if policy in LIMIT_BLIND else modes:
                     out.append(Task(workload, policy, nodes, mode, slowdown, args))
     # Longest first so that the workers finish together: Yardmaster's replays, the oversubscribed sizes.
-    return sorted(out, key=lambda t: (not t.policy.startswith("yardmaster"), t.workload == GANG_HEAVY, t.nodes))
+    return sorted(out, key=lambda t: (not t.policy.startswith("yardmaster"), t.workload in MIXES, t.nodes))
 
 
-def report(rows: list[Summary], command: str, wall_s: float) -> str:
+def report(rows: list[Summary], command: str, wall_s: float, load: str = "") -> str:
+    cpu = sum(s.cpu_s for s in rows)
     parts = [
-        f"Command: `{command}`\n\nWall time of the whole run: {wall_s:.0f} s.\n\n"
+        f"Command: `{command}`\n\nWall time of the whole run: {wall_s:.0f} s; CPU time of its {len(rows)} replays: "
+        f"{cpu:.0f} s{load}.\n\n"
         "Yardmaster against the best baseline on each metric (in brackets: how far ahead, + is better; "
         f"the baseline named is the best on that metric):\n\n{targets_table(rows)}\n"
+        "The verdicts: Yardmaster ahead of the best baseline on each metric, tied with it (within 1 %, or 0.5 "
+        f"points for a share) or behind it:\n\n{verdicts_table(rows)}\n"
         f"Every replay:\n\n{compact_table(rows)}"
     ]
-    groups = sorted({(s.workload, s.nodes, s.slowdown) for s in rows}, key=lambda g: (g[0] == GANG_HEAVY, g[0], -g[1], g[2]))
+    groups = sorted({(s.workload, s.nodes, s.slowdown) for s in rows}, key=lambda g: (g[0] in MIXES, g[0], -g[1], g[2]))
     for workload, nodes, slowdown in groups:
         group = [s for s in rows if (s.workload, s.nodes, s.slowdown) == (workload, nodes, slowdown)]
         parts.append(f"\n## {workload}, {nodes} nodes, spanning slowdown {slowdown_label(slowdown)}\n\n{headline_table(group)}")
@@ -250,6 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         if name not in KNOWN:
             parser().error(f"unknown policy {name!r}; choose from {', '.join(KNOWN)}")
     work = tasks(args)
+    load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
     if args.jobs > 1 and len(work) > 1:
         with multiprocessing.get_context("fork").Pool(args.jobs) as pool:
@@ -258,9 +283,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = [_replay(t) for t in work]
     wall = time.perf_counter() - t0
     order = {name: i for i, name in enumerate(KNOWN)}
-    rows.sort(key=lambda s: (s.workload == GANG_HEAVY, s.workload, -s.nodes, s.slowdown, order[s.policy], s.time_limits))
+    rows.sort(key=lambda s: (s.workload in MIXES, s.workload, -s.nodes, s.slowdown, order[s.policy], s.time_limits))
     command = "python -m scheduling.sim " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
-    text = report(rows, command, wall)
+    # The machine's 1-minute load average as the run began and ended: a wall time means little without it.
+    load = f" on {args.jobs} processes; load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    text = report(rows, command, wall, load)
     print(text)
     if args.out is not None:
         from scheduling.sim.plots import write_plots

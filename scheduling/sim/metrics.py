@@ -69,6 +69,7 @@ class Summary:
     # for the plots: hour index -> utilisation, and every job's queueing delay (s)
     util_series: dict[int, float] = field(default_factory=dict)
     queue_delays: list[float] = field(default_factory=list)
+    cpu_s: float = math.nan  # CPU seconds of the replay's process (wall_s counts the machine's other load too)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -203,7 +204,9 @@ def compact_table(rows: list[Summary]) -> str:
 TARGETS: tuple[tuple[str, Callable[[Summary], float], bool], ...] = (
     ("avg JCT (s)", lambda s: s.jct_mean, False),
     ("p95 queue (s)", lambda s: s.queue.p95, False),
+    ("p95 queue 1 GPU (s)", lambda s: s.queue_by_gang["1"].p95, False),
     ("p95 queue 2-8 GPUs (s)", lambda s: s.queue_by_gang["2-8"].p95, False),
+    ("p95 queue >8 GPUs (s)", lambda s: s.queue_by_gang[">8"].p95, False),
     ("GPU util", lambda s: s.utilisation, True),
     ("gangs in one leaf", lambda s: s.multinode_one_leaf, True),
     ("min guarantee", lambda s: s.min_honoured, True),
@@ -214,7 +217,7 @@ def _versus(ym: float, best: float, higher: bool, name: str) -> str:
     """Yardmaster against the best baseline on one metric: the value and the gap, signed so that + is better."""
     if math.isnan(ym):
         return "–"
-    if name in ("GPU util", "gangs in one leaf", "min guarantee"):
+    if name in SHARES:
         gap = 100 * (ym - best)
         return f"{100 * ym:.1f} % ({gap:+.1f} pts)" if not math.isnan(best) else f"{100 * ym:.1f} %"
     if math.isnan(best) or best == 0:
@@ -257,6 +260,58 @@ def targets_table(rows: list[Summary], policy: str = "yardmaster") -> str:
     return out
 
 
+# Issue 30's bar: a time within 1 % of the best baseline's, or a share within 0.5 points, is a tie.
+TIE_REL, TIE_PTS = 0.01, 0.005
+
+
+def verdict(ym: float, best: float, higher: bool, name: str) -> str:
+    """ "ahead", "tie" (within issue 30's margin) or "behind" of Yardmaster against the best baseline."""
+    if math.isnan(ym) or math.isnan(best):
+        return "–"
+    gain = (ym - best) if higher else (best - ym)  # > 0: Yardmaster better
+    if name in SHARES:
+        margin = TIE_PTS
+    else:
+        margin = TIE_REL * abs(best)
+    if abs(gain) <= margin:
+        return "tie"
+    return "ahead" if gain > 0 else "behind"
+
+
+SHARES = ("GPU util", "gangs in one leaf", "min guarantee")
+
+
+def verdicts_table(rows: list[Summary], policy: str = "yardmaster") -> str:
+    """Per (workload, size, slowdown, limits) and metric: Yardmaster ahead of, tied with (within 1 %, or 0.5
+    points for a share) or behind the best baseline on it, with that baseline's name when behind: the
+    table to hold two workloads' verdicts side by side."""
+    from scheduling.sim.policies import BASELINES
+
+    heads = " | ".join(name for name, _, _ in TARGETS)
+    out = f"| workload | nodes | slowdown | limits | {heads} |\n|---|---:|---:|---|" + "---|" * len(TARGETS) + "\n"
+    for ym in rows:
+        if ym.policy != policy:
+            continue
+        peers = [
+            s
+            for s in rows
+            if s.policy in BASELINES
+            and (s.workload, s.nodes, s.slowdown) == (ym.workload, ym.nodes, ym.slowdown)
+            and s.time_limits in ("-", ym.time_limits)
+        ]
+        cells = []
+        for name, get, higher in TARGETS:
+            values = [(get(s), s.policy) for s in peers if not math.isnan(get(s))]
+            if not values:
+                cells.append("–")
+                continue
+            best, who = max(values) if higher else min(values)
+            v = verdict(get(ym), best, higher, name)
+            cells.append(f"behind {who}" if v == "behind" else v)
+        out += f"| {ym.workload} | {ym.nodes} | {slowdown_label(ym.slowdown)} | {ym.time_limits} | " + " | ".join(cells) + " |\n"
+    return out
+
+
 def gang_table(rows: list[Summary]) -> str:
     cols = " | ".join(f"{b} GPUs avg / median / p95 (s)" for b, _, _ in GANG_BUCKETS)
     out = f"| policy | {cols} |\n|---|" + "---:|" * len(GANG_BUCKETS) + "\n"
@@ -284,7 +339,7 @@ def team_table(rows: list[Summary]) -> str:
 def extra_lines(rows: list[Summary]) -> str:
     out = []
     for s in rows:
-        bits = [f"cycles {s.cycles:,}", f"time in policy {s.plan_s:.1f} s"]
+        bits = [f"cycles {s.cycles:,}", f"time in policy {s.plan_s:.1f} s", f"replay CPU {s.cpu_s:.1f} s"]
         if not math.isnan(s.slowed):
             bits.append(f"multi-node placements slowed {_pct(s.slowed)} ({s.slow_gpu_h:,.0f} GPU-h of extra run time)")
         if s.at_risk_starts:

@@ -12,8 +12,17 @@ how often each kind is drawn:
 2. Each generated job is a gang with probability ``p``, else a single-node job, and is a uniform draw
    (with replacement) from its pool. ``p`` is set from the pools' mean GPU-seconds so that gangs are
    expected to hold ``gang_share`` of the GPU-time: p = s E_small / (s E_small + (1 - s) E_gang).
-3. Submissions are a Poisson process whose rate offers ``load`` of the cluster's GPU-time on average:
-   rate = load x GPUs / E[GPU-seconds per job]. So ``jobs`` and ``load`` fix the trace's length.
+   A gang of G GPUs is drawn with weight G ** ``gang_size_bias``: 0 (the default) draws the Philly gangs
+   uniformly (87 % are 16-GPU), 2 draws 32- and 48-GPU gangs about 3x and 7x as often as before. The
+   gang pool's mean is taken under the same weights, so ``gang_share`` still holds.
+3. Submissions come in bursts (a sweep, a job array: several jobs submitted in the same second) whose
+   sizes are geometric with mean ``burst`` (1, the default: every job alone, a Poisson process). Bursts
+   are a Poisson process whose rate offers ``load`` of the cluster's GPU-time on average:
+   rate = load x GPUs / (burst x E[GPU-seconds per job]). So ``jobs`` and ``load`` fix the trace's length.
+
+``MIXES`` names the workloads the evaluation replays: ``gang-heavy`` (the first, seed 15) and
+``gang-heavy-b``, another seed and another mix (more of the GPU-time in gangs, larger gangs, bursty
+arrivals), so that a verdict that holds on one and not the other shows it was tuned to one draw.
 
 Everything comes from one ``random.Random(seed)``: the same arguments give the same jobs, on every
 machine and Python version (``random``'s generator and its ``random()``/``expovariate`` are stable).
@@ -28,6 +37,7 @@ import csv
 import random
 import statistics
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from pathlib import Path
 
 from scheduling.sim.trace import TraceJob, load_trace
@@ -47,6 +57,8 @@ class GangHeavy:
     gpus_per_node: int = 8
     nodes_per_leaf: int = 25  # 4 leaves of 25 nodes under one spine
     max_duration_s: float = 3 * 86400.0
+    gang_size_bias: float = 0.0  # a gang of G GPUs is drawn with weight G ** bias (0: uniformly)
+    burst: float = 1.0  # mean jobs per submission burst (geometric sizes; 1: every job alone)
 
     @property
     def gpus(self) -> int:
@@ -62,22 +74,46 @@ def gang_heavy(params: GangHeavy = GangHeavy(), source: list[TraceJob] | None = 
     gangs = [j for j in pool if j.num_gpus > params.gpus_per_node]
     if not small or not gangs:
         raise ValueError("the source trace needs both single-node jobs and multi-node gangs")
+    if params.burst < 1:
+        raise ValueError(f"burst is a mean number of jobs per burst, at least 1, not {params.burst}")
     e_small = statistics.fmean(j.num_gpus * j.duration_s for j in small)
-    e_gang = statistics.fmean(j.num_gpus * j.duration_s for j in gangs)
+    bias = params.gang_size_bias
+    weights = [float(j.num_gpus) ** bias for j in gangs]
+    e_gang = sum(w * j.num_gpus * j.duration_s for w, j in zip(weights, gangs, strict=True)) / sum(weights)
     s = params.gang_share
     p = s * e_small / (s * e_small + (1 - s) * e_gang)
     mean_gpu_s = p * e_gang + (1 - p) * e_small
-    rate = params.load * params.gpus / mean_gpu_s  # jobs per second
+    rate = params.load * params.gpus / (params.burst * mean_gpu_s)  # bursts per second
+    cum = list(accumulate(weights))
     rng = random.Random(params.seed)
     out: list[TraceJob] = []
     t = 0.0
     width = len(str(params.jobs))
+    left = 0  # jobs still to come in the current burst
     for i in range(params.jobs):
-        t += rng.expovariate(rate)
-        drawn = gangs[rng.randrange(len(gangs))] if rng.random() < p else small[rng.randrange(len(small))]
+        # With the defaults (no bias, no bursts) the draws are exactly those of the first version, so the
+        # evaluation's first workload is the same jobs as before these parameters existed.
+        if left == 0:
+            t += rng.expovariate(rate)
+            left = 1
+            if params.burst > 1:
+                while rng.random() >= 1.0 / params.burst:
+                    left += 1
+        left -= 1
+        if rng.random() < p:
+            drawn = gangs[rng.randrange(len(gangs))] if bias == 0 else rng.choices(gangs, cum_weights=cum)[0]
+        else:
+            drawn = small[rng.randrange(len(small))]
         out.append(replace(drawn, job_id=f"gh-{i:0{width}d}", submit_time=float(round(t))))
     out.sort(key=lambda j: (j.submit_time, j.job_id))
     return out
+
+
+# The gang-heavy workloads the evaluation replays, by the name its tables give them.
+MIXES: dict[str, GangHeavy] = {
+    "gang-heavy": GangHeavy(),
+    "gang-heavy-b": GangHeavy(seed=30, gang_share=0.75, gang_size_bias=2.0, burst=4.0),
+}
 
 
 def gang_gpu_share(jobs: list[TraceJob], gpus_per_node: int) -> float:
@@ -102,9 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gang-share", type=float, default=d.gang_share)
     p.add_argument("--load", type=float, default=d.load)
     p.add_argument("--nodes", type=int, default=d.nodes)
+    p.add_argument("--gang-size-bias", type=float, default=d.gang_size_bias, help="a gang of G GPUs is drawn with weight G**bias")
+    p.add_argument("--burst", type=float, default=d.burst, help="mean jobs submitted together (1: each alone)")
     p.add_argument("--out", type=Path, required=True, help="CSV file to write")
     a = p.parse_args(argv)
-    params = GangHeavy(seed=a.seed, jobs=a.jobs, gang_share=a.gang_share, load=a.load, nodes=a.nodes)
+    params = GangHeavy(
+        seed=a.seed,
+        jobs=a.jobs,
+        gang_share=a.gang_share,
+        load=a.load,
+        nodes=a.nodes,
+        gang_size_bias=a.gang_size_bias,
+        burst=a.burst,
+    )
     jobs = gang_heavy(params)
     write_csv(jobs, a.out)
     days = jobs[-1].submit_time / 86400 if jobs else 0.0

@@ -66,3 +66,26 @@ def test_another_trace_is_measured_whole_and_the_bundled_month_from_day_20() -> 
     assert busy_from(parser().parse_args(["--trace", str(SAMPLE)])) == 0.0
     assert busy_from(parser().parse_args([])) == 20 * 86400.0
     assert busy_from(parser().parse_args(["--trace", str(SAMPLE), "--busy-from", "5"])) == 5.0
+
+
+def test_a_verdict_is_a_tie_within_one_percent_or_half_a_point() -> None:
+    from scheduling.sim.metrics import verdict
+
+    # Times, lower is better: within 1 % of the best baseline is a tie.
+    assert verdict(99.0, 100.0, False, "avg JCT (s)") == "tie"
+    assert verdict(98.0, 100.0, False, "avg JCT (s)") == "ahead"
+    assert verdict(102.0, 100.0, False, "avg JCT (s)") == "behind"
+    # Shares, higher is better: within 0.5 points is a tie.
+    assert verdict(0.896, 0.900, True, "GPU util") == "tie"
+    assert verdict(0.890, 0.900, True, "GPU util") == "behind"
+    assert verdict(0.910, 0.900, True, "GPU util") == "ahead"
+
+
+def test_nodes_0_leaves_the_trace_out_and_both_gang_heavy_workloads_are_replayed_by_default() -> None:
+    from scheduling.sim.cli import parser, tasks
+
+    work = tasks(parser().parse_args(["--nodes", "0", "--policies", "yardmaster", "--time-limits", "estimate"]))
+    assert {(t.workload, t.nodes) for t in work} == {("gang-heavy", 100), ("gang-heavy-b", 100)}
+    assert len(work) == 2 * 3  # each at the three spanning slowdowns
+    one = tasks(parser().parse_args(["--nodes", "0", "--gang-heavy", "gang-heavy-b", "--policies", "fifo"]))
+    assert {t.workload for t in one} == {"gang-heavy-b"}
