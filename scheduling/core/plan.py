@@ -99,9 +99,14 @@ def check_once(result: Plan, running: tuple[RunningJob, ...]) -> None:
 
 
 class _Planner(PlanHolds):
+    _starving: str | None = None  # the oldest pending job past Config.aged_reservation_s, if any
+
     # ------------------------------------------------------------------ main loop
 
     def run(self) -> Plan:
+        aged_at = self.now - self.cfg.aged_reservation_s
+        aged = [j for j in self.snap.pending if j.submit_time <= aged_at]
+        self._starving = min(aged, key=lambda j: (j.submit_time, id_order(j.job_id))).job_id if aged else None
         for job in self._ordered():
             self._one(job)
         for job_id in self._deferred:
@@ -153,9 +158,15 @@ class _Planner(PlanHolds):
         # order, and the groups are taken in key order: the order a stable sort on the whole key gives
         # (inside a group its ties are the team's order, which is the rest of the key), without sorting
         # every job again on a seven-field key. Submit times are numbers (a NaN would order nothing).
+        # Aged jobs (waited ``Config.age_first_s`` since submit) form one group ahead of every team of their
+        # tier and in-guarantee/borrowing kind, in the teams' own order (priority, submit time, id).
+        aged_at = self.now - self.cfg.age_first_s
         groups: dict[tuple[int, bool, int, str], list[PendingJob]] = {}
         for j in in_team_order:
-            group = (j.tier, j.job_id not in in_guarantee, rank.get(j.team, last), j.team)
+            if j.submit_time <= aged_at:
+                group = (j.tier, j.job_id not in in_guarantee, -1, "")
+            else:
+                group = (j.tier, j.job_id not in in_guarantee, rank.get(j.team, last), j.team)
             members = groups.get(group)
             if members is None:
                 groups[group] = [j]
@@ -226,6 +237,7 @@ class _Planner(PlanHolds):
                     return
         if not self.cfg.backfill:
             self._strict_block[t] = job.job_id
-        if self.cfg.backfill and len(self.held) < self.cfg.max_reservations and self._reserve(job, one_leaf):
+        may_hold = len(self.held) < self.cfg.max_reservations or job.job_id == self._starving
+        if self.cfg.backfill and may_hold and self._reserve(job, one_leaf):
             return
         self.reasons[job.job_id] = self._blocked_reason(job, one_leaf)

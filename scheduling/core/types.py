@@ -234,6 +234,14 @@ class Config:
     # GPUs it holds, and is preempted (with the grace period) when the reservation comes due. Off by
     # default: the caller must keep ``RunningJob.at_risk`` from ``Placement.at_risk`` across cycles.
     backfill_at_risk: bool = False
+    # Aging: a pending job that has waited this long since submit is ordered before the fair-share order
+    # of its tier (and of its in-guarantee/borrowing group), oldest first, so that fair share cannot keep
+    # a heavy team's job waiting without bound. inf: no aging (pure fair share).
+    age_first_s: float = math.inf
+    # Starvation guard for the EASY reservation: the oldest pending job, once it has waited this long since
+    # submit, gets a reservation beyond ``max_reservations`` if it cannot start (EASY in submit order, as
+    # Slurm's, always reserves for its oldest job). inf: off.
+    aged_reservation_s: float = math.inf
 
 
 @dataclass(frozen=True, slots=True)
