@@ -7,6 +7,7 @@ this module orders the pending jobs and takes each down its path.
 from __future__ import annotations
 
 import gc
+import math
 
 from scheduling.core import atrisk, reasons
 from scheduling.core.fairshare import team_order
@@ -104,9 +105,10 @@ class _Planner(PlanHolds):
     # ------------------------------------------------------------------ main loop
 
     def run(self) -> Plan:
-        aged_at = self.now - self.cfg.aged_reservation_s
-        aged = [j for j in self.snap.pending if j.submit_time <= aged_at]
-        self._starving = min(aged, key=lambda j: (j.submit_time, id_order(j.job_id))).job_id if aged else None
+        if self.cfg.aged_reservation_s != math.inf:  # off by default (docs/scheduler-core.md, Aging): no scan
+            aged_at = self.now - self.cfg.aged_reservation_s
+            aged = [j for j in self.snap.pending if j.submit_time <= aged_at]
+            self._starving = min(aged, key=lambda j: (j.submit_time, id_order(j.job_id))).job_id if aged else None
         for job in self._ordered():
             self._one(job)
         for job_id in self._deferred:

@@ -13,10 +13,11 @@ from scheduling.sim.replay_types import Policy
 # The default set: Yardmaster and the four baselines.
 NAMES = ("yardmaster", "fifo", "first-fit", "easy-blind", "easy-topo")
 # Yardmaster under other deployment settings, to measure what one of them does (never in the default set):
-# the absolute one-leaf rule of before (every gang that fits a leaf waits for one), and no backfill at risk.
+# the absolute one-leaf rule of before (every gang that fits a leaf waits for one), and backfill at risk
+# (off in the deployment and in the default replay).
 VARIANTS: dict[str, dict[str, Any]] = {
     "yardmaster-required": {"span_slowdown": math.inf},
-    "yardmaster-no-risk": {"backfill_at_risk": False},
+    "yardmaster-at-risk": {"backfill_at_risk": True},
 }
 KNOWN = (*NAMES, *VARIANTS)
 BASELINES = ("fifo", "first-fit", "easy-blind", "easy-topo")

@@ -232,3 +232,17 @@ def test_an_event_driven_replay_plans_at_each_arrival_and_departure() -> None:
     done = {s.trace.job_id: s for s in r.run().jobs}
     # a starts as it arrives; b waits for a's node, and starts the moment a ends (t = 107).
     assert done["a"].first_start == 7.0 and done["b"].first_start == 107.0
+
+
+def test_the_replay_plans_with_the_deployments_settings_but_what_it_measures() -> None:
+    # Backfill at risk was on in the replay alone (90 % of its preemptions) while the portal leaves it off.
+    from scheduling.selectors.config import scheduler_config
+    from scheduling.sim import cli
+
+    args = cli.parser().parse_args([])
+    task = cli.tasks(args)[0]
+    core = cli.replay_config(task).core
+    deployed = scheduler_config()
+    assert core.backfill_at_risk is deployed.backfill_at_risk is False
+    assert core.grace_period_s == deployed.grace_period_s
+    assert cli.replay_config(replace(task, args=cli.parser().parse_args(["--at-risk"]))).core.backfill_at_risk
