@@ -290,7 +290,7 @@ def test_the_compiled_live_task_query_gives_what_the_orm_gives(gang: Gang, nodes
 
     tasks = [gang([(nodes[0], [i])], env={"A": str(i)}, command=f"run {i}")[0] for i in range(3)]
     Task.objects.filter(pk=tasks[1].pk).update(state=TaskState.RUNNING, checkpoint_at=timezone.now(), notebook_url="u")
-    fast = _LIVE_TASKS.fetch(nodes[0].pk)
+    fast = _LIVE_TASKS.objects(nodes[0].pk)
     slow = list(live_tasks_queryset(nodes[0].pk))
     assert [t.pk for t in fast] == [t.pk for t in slow] == sorted(t.pk for t in tasks)
 
@@ -314,6 +314,6 @@ def test_the_compiled_live_task_query_gives_what_the_orm_gives(gang: Gang, nodes
         assert f.get_deferred_fields() == s.get_deferred_fields() != set()
         assert f.job.get_deferred_fields() == s.job.get_deferred_fields()
     with CaptureQueriesContext(connection) as queries:
-        [t.job.user.username for t in _LIVE_TASKS.fetch(nodes[0].pk)]
+        [t.job.user.username for t in _LIVE_TASKS.objects(nodes[0].pk)]
     assert len(queries) == 1  # jobs and owners came with the tasks
-    assert _LIVE_TASKS.fetch(nodes[1].pk) == []  # another node's id, the same compiled query
+    assert _LIVE_TASKS.objects(nodes[1].pk) == []  # another node's id, the same compiled query
