@@ -226,9 +226,12 @@ def _versus(ym: float, best: float, higher: bool, name: str) -> str:
     return f"{_s(ym)} ({rel:+.1f} %)"
 
 
-def targets_table(rows: list[Summary], policy: str = "yardmaster") -> str:
-    """Per (workload, size, slowdown, limits): ``policy`` and, beside each metric, how far it is ahead (+) of
-    the best baseline on that metric (the strongest one for each claim), and that baseline."""
+def _against_best(
+    rows: list[Summary], policy: str, cell: Callable[[Summary, str, float, float, str, bool], str], missing: str
+) -> str:
+    """A table with a row per (workload, size, slowdown, limits) of ``policy`` and a column per metric of
+    TARGETS: ``cell(ym, name, value, best, who, higher)`` against the best baseline on that metric (``missing``
+    where no baseline has it)."""
     from scheduling.sim.policies import BASELINES
 
     heads = " | ".join(name for name, _, _ in TARGETS)
@@ -247,17 +250,26 @@ def targets_table(rows: list[Summary], policy: str = "yardmaster") -> str:
         for name, get, higher in TARGETS:
             values = [(get(s), s.policy) for s in peers if not math.isnan(get(s))]
             if not values:
-                cells.append(_versus(get(ym), math.nan, higher, name))
+                cells.append(missing if missing else _versus(get(ym), math.nan, higher, name))
                 continue
             best, who = max(values) if higher else min(values)
-            if name == "gangs in one leaf":
-                cells.append(f"{_pct(get(ym))} (best {who} {_pct(best)})")
-            elif name == "min guarantee":
-                cells.append(f"{_pct(get(ym))} ({who} {_pct(best)})")
-            else:
-                cells.append(f"{_versus(get(ym), best, higher, name)} vs {who}")
+            cells.append(cell(ym, name, get(ym), best, who, higher))
         out += f"| {ym.workload} | {ym.nodes} | {slowdown_label(ym.slowdown)} | {ym.time_limits} | " + " | ".join(cells) + " |\n"
     return out
+
+
+def targets_table(rows: list[Summary], policy: str = "yardmaster") -> str:
+    """Per (workload, size, slowdown, limits): ``policy`` and, beside each metric, how far it is ahead (+) of
+    the best baseline on that metric (the strongest one for each claim), and that baseline."""
+
+    def cell(ym: Summary, name: str, value: float, best: float, who: str, higher: bool) -> str:
+        if name == "gangs in one leaf":
+            return f"{_pct(value)} (best {who} {_pct(best)})"
+        if name == "min guarantee":
+            return f"{_pct(value)} ({who} {_pct(best)})"
+        return f"{_versus(value, best, higher, name)} vs {who}"
+
+    return _against_best(rows, policy, cell, missing="")
 
 
 # Issue 30's bar: a time within 1 % of the best baseline's, or a share within 0.5 points, is a tie.
@@ -285,31 +297,12 @@ def verdicts_table(rows: list[Summary], policy: str = "yardmaster") -> str:
     """Per (workload, size, slowdown, limits) and metric: Yardmaster ahead of, tied with (within 1 %, or 0.5
     points for a share) or behind the best baseline on it, with that baseline's name when behind: the
     table to hold two workloads' verdicts side by side."""
-    from scheduling.sim.policies import BASELINES
 
-    heads = " | ".join(name for name, _, _ in TARGETS)
-    out = f"| workload | nodes | slowdown | limits | {heads} |\n|---|---:|---:|---|" + "---|" * len(TARGETS) + "\n"
-    for ym in rows:
-        if ym.policy != policy:
-            continue
-        peers = [
-            s
-            for s in rows
-            if s.policy in BASELINES
-            and (s.workload, s.nodes, s.slowdown) == (ym.workload, ym.nodes, ym.slowdown)
-            and s.time_limits in ("-", ym.time_limits)
-        ]
-        cells = []
-        for name, get, higher in TARGETS:
-            values = [(get(s), s.policy) for s in peers if not math.isnan(get(s))]
-            if not values:
-                cells.append("–")
-                continue
-            best, who = max(values) if higher else min(values)
-            v = verdict(get(ym), best, higher, name)
-            cells.append(f"behind {who}" if v == "behind" else v)
-        out += f"| {ym.workload} | {ym.nodes} | {slowdown_label(ym.slowdown)} | {ym.time_limits} | " + " | ".join(cells) + " |\n"
-    return out
+    def cell(ym: Summary, name: str, value: float, best: float, who: str, higher: bool) -> str:
+        v = verdict(value, best, higher, name)
+        return f"behind {who}" if v == "behind" else v
+
+    return _against_best(rows, policy, cell, missing="–")
 
 
 def gang_table(rows: list[Summary]) -> str:

@@ -89,3 +89,22 @@ def test_nodes_0_leaves_the_trace_out_and_both_gang_heavy_workloads_are_replayed
     assert len(work) == 2 * 3  # each at the three spanning slowdowns
     one = tasks(parser().parse_args(["--nodes", "0", "--gang-heavy", "gang-heavy-b", "--policies", "fifo"]))
     assert {t.workload for t in one} == {"gang-heavy-b"}
+
+
+def test_the_targets_and_verdicts_tables_set_each_metric_against_its_best_baseline() -> None:
+    from scheduling.sim import cli
+    from scheduling.sim.metrics import TARGETS, targets_table, verdicts_table
+
+    args = cli.parser().parse_args(
+        ["--trace", str(SAMPLE), "--limit", "300", "--nodes", "8", "--busy-from", "0", "--jobs", "1",
+         "--time-limits", "estimate", "--gang-heavy-nodes", "0", "--slowdowns", "0", "--policies", "yardmaster,easy-blind"]
+    )  # fmt: skip
+    rows = [cli._replay(t) for t in cli.tasks(args)]
+    for table in (targets_table(rows), verdicts_table(rows)):
+        lines = [line for line in table.splitlines() if line.startswith(f"| {SAMPLE.stem} |")]
+        assert len(lines) == 1  # one row: Yardmaster's, never the baseline's own
+        cells = [c.strip() for c in lines[0].strip("|").split("|")][4:]
+        assert len(cells) == len(TARGETS)
+    verdicts = [c.strip() for c in verdicts_table(rows).splitlines()[-1].strip("|").split("|")][4:]
+    assert set(verdicts) <= {"ahead", "tie", "behind easy-blind", "–"}
+    assert all(" vs easy-blind" in c or "easy-blind" in c for c in targets_table(rows).splitlines()[-1].split("|")[5:-1])
