@@ -24,17 +24,17 @@ Pure: no Django, no I/O, no clock; deterministic for a given snapshot, plan and 
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from itertools import accumulate
 from operator import itemgetter
-from typing import NamedTuple
 
 from scheduling.core import admission, reasons
 from scheduling.core.backfill import Release, earliest_fit
+from scheduling.core.eta_running import RunningPart, _Holding, running_part
 from scheduling.core.free_state import FreeState
-from scheduling.core.index import TopoIndex, carried, running_locs, topo_index
+from scheduling.core.index import RunningLocs, TopoIndex, carried, running_locs, topo_index
 from scheduling.core.placement import keep_in_leaf
 from scheduling.core.plan import plan
 from scheduling.core.quota import QuotaState
@@ -45,17 +45,7 @@ NEVER_PREFIX = "can never run"
 _END = itemgetter(0)  # a Release's end
 _END_AND_ID = itemgetter(0, 1)
 _BY_END = itemgetter(4, 0)  # a _Holding's (end, job_id)
-
-
-class _Holding(NamedTuple):
-    """GPUs of one type that a team holds (or will hold) until ``end``."""
-
-    job_id: str
-    team: str
-    gpu_type: str
-    gpus: int
-    end: float
-    tier: int = 3
+_H_END = itemgetter(4)  # a _Holding's end
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,27 +211,54 @@ def _is_quota_wait(reason: str) -> bool:
 
 
 class _Model:
-    """The cluster as the plan leaves it: what is busy, until when, and what each team holds."""
+    """The cluster as the plan leaves it: what is busy, until when, and what each team holds.
 
-    def __init__(self, snapshot: Snapshot, result: Plan, now: float) -> None:
+    The running jobs are read from their ``RunningPart`` (``eta_running``: kept from the last model and
+    changed by the jobs that ended or started since), with ``now`` and the plan laid over it; ``whole``
+    (or a snapshot that names one job twice) reads them one by one (``_whole``, the reference the
+    tests hold the other to)."""
+
+    def __init__(self, snapshot: Snapshot, result: Plan, now: float, *, whole: bool = False) -> None:
         self.snap, self.now, self.cfg = snapshot, now, snapshot.config
         self.built = now
         self.ix: TopoIndex = topo_index(snapshot.topology)
+        self.quota = QuotaState(snapshot.quotas, ())
+        # The running jobs' GPUs as the plan of the same snapshot found them (``running_locs``).
+        found = running_locs(self.ix, snapshot.running)
+        part = None
+        if not whole and self.cfg.grace_period_s >= 0:
+            part = running_part(self.ix, snapshot.quotas, self.quota, snapshot.running, found.locs)
+        # The first end after ``now`` (``valid_at``), and whether an end hangs on ``now`` itself.
+        self.horizon = math.inf
+        self.now_bound = bool(result.placements)
+        # (unit, type) -> its holdings by (end, job id): all of them (``_whole``), or those asked for so
+        # far (``_over``: made from the part's on demand, ``holdings``).
+        self._by_unit: dict[tuple[str, str], list[_Holding]] = {}
+        self._part: RunningPart | None = part
+        self._overlay: dict[tuple[str, str], list[_Holding]] = {}
+        self._moved: dict[str, float] = {}
+        if part is None:
+            self._whole(snapshot, result, found)
+        else:
+            self._over(part, snapshot, result, found)
+        # shape -> (the end after which it fits, the first job ending then), or None: never.
+        self._fits: dict[tuple[str, int, int, bool, int, int, bool, bool, frozenset[str]], tuple[float, str] | None] = {}
+        # (unit, type, tier) -> the unit's holdings of tiers 1..tier by end time, and the GPUs their ends
+        # free so far (a running sum): built once, read by every pending job of the unit (``_room``).
+        self._runs: dict[tuple[str, str, int], tuple[list[_Holding], list[int]]] = {}
+
+    def _whole(self, snapshot: Snapshot, result: Plan, found: RunningLocs) -> None:
+        now = self.now
         loc = self.ix.gpu_loc
         pending = {j.job_id: j for j in snapshot.pending}
         grace_end = now + self.cfg.grace_period_s
         victims = {p.job_id for p in result.preemptions}
         reserved_locs: set[Loc] = {loc[g] for r in result.reservations for g in r.gpus if g in loc}
-        # The running jobs' GPUs as the plan of the same snapshot found them (``running_locs``).
-        found = running_locs(self.ix, snapshot.running)
         limited = self.ix.limited
         busy: list[Loc] = []
         held: dict[Loc, tuple[int, int]] = dict(found.held)
         releases: list[Release] = []
-        self.holdings: list[_Holding] = []
-        # The first end after ``now`` (``valid_at``), and whether an end hangs on ``now`` itself.
-        self.horizon = math.inf
-        self.now_bound = bool(result.placements)
+        holdings: list[_Holding] = []
         for j in snapshot.running:
             end = j.start + j.time_limit
             if (j.terminating or j.job_id in victims) and grace_end < end:
@@ -258,7 +275,7 @@ class _Model:
             if reserved_locs and not reserved_locs.isdisjoint(mine):
                 mine = tuple([x for x in mine if x not in reserved_locs])
             releases.append(Release(end, j.job_id, mine))
-            self.holdings.append(_Holding(j.job_id, j.team, j.gpu_type, sum(map(len, j.replicas)), end, j.tier))
+            holdings.append(_Holding(j.job_id, j.team, j.gpu_type, sum(map(len, j.replicas)), end, j.tier))
         for p in result.placements:
             job = pending.get(p.job_id)
             locs = _locs(loc, (g for r in p.replicas for g in r))
@@ -268,7 +285,7 @@ class _Model:
                 carried(held, loc, p.replicas, job.cpus_per_replica, job.memory_mb_per_replica)
             releases.append(Release(end, p.job_id, tuple(x for x in locs if x not in reserved_locs)))
             if job is not None:
-                self.holdings.append(_Holding(p.job_id, job.team, job.gpu_type, job.gpu_count, end, job.tier))
+                holdings.append(_Holding(p.job_id, job.team, job.gpu_type, job.gpu_count, end, job.tier))
         for r in result.reservations:
             job = pending.get(r.job_id)
             end = r.earliest_start + (job.time_limit if job is not None else 0.0)
@@ -278,20 +295,118 @@ class _Model:
             if now < end < self.horizon:
                 self.horizon = end
             if job is not None:
-                self.holdings.append(_Holding(r.job_id, job.team, job.gpu_type, job.gpu_count, end, job.tier))
+                holdings.append(_Holding(r.job_id, job.team, job.gpu_type, job.gpu_count, end, job.tier))
         releases.sort(key=_END_AND_ID)
         self.releases = releases
         self.free = FreeState(self.ix, busy, held)
-        self.quota = QuotaState(snapshot.quotas, ())
-        self._by_unit: dict[tuple[str, str], list[_Holding]] = {}
-        for h in sorted(self.holdings, key=_BY_END):
+        for h in sorted(holdings, key=_BY_END):
             for unit in self.quota.chain(h.team):
                 self._by_unit.setdefault((unit, h.gpu_type), []).append(h)
-        # shape -> (the end after which it fits, the first job ending then), or None: never.
-        self._fits: dict[tuple[str, int, int, bool, int, int, bool, bool, frozenset[str]], tuple[float, str] | None] = {}
-        # (unit, type, tier) -> the unit's holdings of tiers 1..tier by end time, and the GPUs their ends
-        # free so far (a running sum): built once, read by every pending job of the unit (``_room``).
-        self._runs: dict[tuple[str, str, int], tuple[list[_Holding], list[int]]] = {}
+
+    def _over(self, part: RunningPart, snapshot: Snapshot, result: Plan, found: RunningLocs) -> None:
+        """What ``_whole`` builds, from ``part``: the ends at or before ``now`` are ``now`` (sorted by job
+        id then), a stop's end is its grace period's end, a reserved GPU is not given back by its current
+        job's end, and the plan's placements and reservations are added."""
+        now = self.now
+        loc = self.ix.gpu_loc
+        jobs = part.jobs
+        pending = {j.job_id: j for j in snapshot.pending}
+        grace_end = now + self.cfg.grace_period_s
+        reserved_locs: set[Loc] = {loc[g] for r in result.reservations for g in r.gpus if g in loc}
+        moved = self._moved
+        for job_id in (*part.terminating, *(p.job_id for p in result.preemptions)):
+            j = jobs.get(job_id)
+            if j is not None and grace_end < j.start + j.time_limit:
+                moved[job_id] = grace_end
+        if moved:
+            self.now_bound = True
+        if not reserved_locs:
+            cut_locs: set[str] = set()
+        elif part.owner is not None:
+            cut_locs = {part.owner[x] for x in reserved_locs if x in part.owner}
+        else:
+            cut_locs = {j.job_id for j in snapshot.running if not reserved_locs.isdisjoint(found.locs[j.job_id])}
+
+        def mine(job_id: str, locs: tuple[Loc, ...]) -> tuple[Loc, ...]:
+            return tuple([x for x in locs if x not in reserved_locs]) if job_id in cut_locs else locs
+
+        base = part.releases
+        cut = bisect_right(base, now, key=_END)
+        releases = sorted([Release(now, r.job_id, mine(r.job_id, r.locs)) for r in base[:cut]], key=_END_AND_ID)
+        rest = base[cut:]
+        adds: list[Release] = []
+        for job_id in sorted(moved.keys() | cut_locs):
+            j = jobs[job_id]
+            raw = j.start + j.time_limit
+            if raw <= now:
+                continue  # (among the first, cut there: a stop's grace period cannot end before ``now``)
+            del rest[bisect_left(rest, (raw, job_id), key=_END_AND_ID)]
+            end = moved.get(job_id, raw)
+            if end > now:
+                self.horizon = min(self.horizon, end)
+            else:
+                end = now
+            adds.append(Release(end, job_id, mine(job_id, found.locs[job_id])))
+        if rest:
+            self.horizon = min(self.horizon, rest[0].end)
+        releases.extend(rest)
+        busy: list[Loc] = [x for locs in found.locs.values() for x in locs]
+        held: dict[Loc, tuple[int, int]] = dict(found.held)
+        overlay = self._overlay
+        for job_id, end in moved.items():
+            h = _holding_of(jobs[job_id], end)
+            for unit in self.quota.chain(h.team):
+                overlay.setdefault((unit, h.gpu_type), []).append(h)
+        for p in result.placements:
+            job = pending.get(p.job_id)
+            locs = _locs(loc, (g for r in p.replicas for g in r))
+            end = now + (job.time_limit if job is not None else 0.0)
+            busy.extend(locs)
+            if job is not None and self.ix.limited:
+                carried(held, loc, p.replicas, job.cpus_per_replica, job.memory_mb_per_replica)
+            adds.append(Release(end, p.job_id, tuple(x for x in locs if x not in reserved_locs)))
+            if job is not None:
+                h = _Holding(p.job_id, job.team, job.gpu_type, job.gpu_count, end, job.tier)
+                for unit in self.quota.chain(h.team):
+                    overlay.setdefault((unit, h.gpu_type), []).append(h)
+        for r in result.reservations:
+            job = pending.get(r.job_id)
+            end = r.earliest_start + (job.time_limit if job is not None else 0.0)
+            locs = _locs(loc, r.gpus)
+            busy.extend(locs)
+            adds.append(Release(end, r.job_id, tuple(locs)))
+            if now < end < self.horizon:
+                self.horizon = end
+            if job is not None:
+                h = _Holding(r.job_id, job.team, job.gpu_type, job.gpu_count, end, job.tier)
+                for unit in self.quota.chain(h.team):
+                    overlay.setdefault((unit, h.gpu_type), []).append(h)
+        for add in adds:  # (after equal keys: the order a stable sort of running, placed, reserved gives)
+            insort(releases, add, key=_END_AND_ID)
+        self.releases = releases
+        self.free = FreeState(self.ix, busy, held)
+
+    def holdings(self, key: tuple[str, str]) -> list[_Holding]:
+        """What the unit ``key[0]`` holds of type ``key[1]`` (its teams' running jobs, placements and
+        reservations), by (end, job id), each end as ``_whole`` sets it."""
+        got = self._by_unit.get(key)
+        if got is not None or self._part is None:
+            return got or []
+        base = self._part.by_unit.get(key, [])
+        now, moved = self.now, self._moved
+        cut = bisect_right(base, now, key=_H_END)
+        out = sorted([h._replace(end=now) for h in base[:cut]], key=_BY_END)
+        out.extend([h for h in base[cut:] if h.job_id not in moved] if moved else base[cut:])
+        for h in self._overlay.get(key, ()):
+            insort(out, h, key=_BY_END)
+        self._by_unit[key] = out
+        return out
+
+    def unit_keys(self) -> list[tuple[str, str]]:
+        """Every (unit, type) that holds something."""
+        if self._part is None:
+            return sorted(self._by_unit)
+        return sorted(k for k in {*self._part.by_unit, *self._overlay} if self.holdings(k))
 
     def valid_at(self, now: float) -> bool:
         """Whether this model, built at ``self.built``, answers as one built at ``now`` would (once its
@@ -355,7 +470,7 @@ class _Model:
         """
         run = self._runs.get((unit, gpu_type, tier))
         if run is None:
-            holdings = [h for h in self._by_unit.get((unit, gpu_type), []) if h.tier <= tier]
+            holdings = [h for h in self.holdings((unit, gpu_type)) if h.tier <= tier]
             run = self._runs[(unit, gpu_type, tier)] = (holdings, list(accumulate(h.gpus for h in holdings)))
         holdings, freed = run
         held = freed[-1] if freed else 0
@@ -366,6 +481,10 @@ class _Model:
             return None  # more than the cap even with the unit empty: admission refuses such a job
         h = holdings[i]
         return Estimate(max(h.end, self.now), h.job_id)
+
+
+def _holding_of(j: RunningJob, end: float) -> _Holding:
+    return _Holding(j.job_id, j.team, j.gpu_type, sum(map(len, j.replicas)), end, j.tier)
 
 
 def _locs(gpu_loc: Mapping[str, Loc], ids: Iterable[str]) -> list[Loc]:

@@ -13,7 +13,7 @@ from tests.property.strategies import NOW, snapshots
 
 def _walk(model: _Model, unit: str, gpu_type: str, need: int, cap: int, tier: int) -> Estimate | None:
     """The reference: the holdings by end time, given back one by one until the job fits under the cap."""
-    holdings = [h for h in model._by_unit.get((unit, gpu_type), []) if h.tier <= tier]
+    holdings = [h for h in model.holdings((unit, gpu_type)) if h.tier <= tier]
     held = sum(h.gpus for h in holdings)
     if held + need <= cap:
         return Estimate(model.now, None)
@@ -28,7 +28,7 @@ def _walk(model: _Model, unit: str, gpu_type: str, need: int, cap: int, tier: in
 @given(snapshots(), st.data())
 def test_room_is_the_walk_over_holdings(snap, data):
     model = _Model(snap, plan(snap, now=NOW), NOW)
-    keys = sorted(model._by_unit) or [("none", "H100")]
+    keys = model.unit_keys() or [("none", "H100")]
     for _ in range(10):
         unit, gpu_type = data.draw(st.sampled_from(keys))
         need = data.draw(st.integers(0, 40))
