@@ -429,7 +429,7 @@ class _Model:
             job.one_fabric, job.one_per_node, job.needs,
         )  # fmt: skip
         if key not in self._fits:
-            found = earliest_fit(self.free, self.releases, set(), job, one_leaf=one_leaf)
+            found = earliest_fit(self.free, self.releases, set(), job, one_leaf=one_leaf, when_only=True)
             if found is None:
                 self._fits[key] = None
             else:

@@ -92,3 +92,20 @@ def test_a_part_built_whole_is_the_part_changed_job_by_job(snap):
 
 def test_free_state_fields_compared_exist():
     assert set(STATE) <= set(FreeState.__slots__)
+
+
+@settings(max_examples=150, deadline=None)
+@given(snapshots(), st.booleans())
+def test_an_earliest_fit_asked_for_its_time_alone_finds_the_same_time(snap, one_leaf):
+    """``earliest_fit(when_only=True)`` (the estimates' search, which skips giving back the GPUs of nodes a
+    replica cannot use) finds the time the whole search does, and a placement that fits then."""
+    from scheduling.core.backfill import earliest_fit
+
+    model = _Model(snap, plan(snap, now=NOW), NOW, whole=True)
+    for job in snap.pending:
+        whole = earliest_fit(model.free, model.releases, set(), job, one_leaf=one_leaf)
+        when = earliest_fit(model.free, model.releases, set(), job, one_leaf=one_leaf, when_only=True)
+        assert (whole is None) == (when is None), job.job_id
+        if whole is not None and when is not None:
+            assert when[0] == whole[0], job.job_id
+            assert sum(len(p) for _, p in when[1].replicas) == job.gpu_count, job.job_id
