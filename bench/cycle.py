@@ -2,8 +2,8 @@
 
     python bench/cycle.py [--quick] [--cycles 15]
 
-A throwaway PostgreSQL database (as bench/apply_bulk.py makes one) holds 1,000 READY 8-GPU nodes under
-8 spines x 4 leaves, twelve teams under two business units with guarantees and limits, 8,000 one-GPU
+A throwaway PostgreSQL database (as bench/apply_bulk.py makes one) holds 1,000 READY 8-GPU nodes, each
+at its own address, under 8 spines x 4 leaves, twelve teams under two business units with guarantees and limits, 8,000 one-GPU
 jobs RUNNING on every GPU (each with its task and live allocation; starts spread over the last 20 h,
 each ending within its time limit 30 min to 48 h from now; Tier 1 and 2, every team at its guarantee),
 and 500 pending jobs of 1-64 GPUs (1 to 8 replicas) of Tier 2 and 3 from every team. So the queue waits
@@ -86,7 +86,7 @@ def build(*, nodes: int, running: int, pending: int) -> dict[str, Any]:
 
     from django.utils import timezone
 
-    from scheduling.models import Allocation, Gpu, Job, NodeState, Task
+    from scheduling.models import Allocation, Gpu, Job, Node, NodeState, Task
     from scheduling.states import JobState, TaskState
     from tenants.models import UnitKind
     from tenants.services import quota_set, unit_create
@@ -94,6 +94,11 @@ def build(*, nodes: int, running: int, pending: int) -> dict[str, Any]:
 
     rng = random.Random(SEED)
     build_cluster(spines=max(1, nodes // 128), leaves_per_spine=4, layout=(("H100", nodes),), state=NodeState.READY)
+    # Each node at its own address, as in a real cluster (the demo's simulated nodes share 127.0.0.1, one
+    # host, so every gang would meet at one address and each placing cycle would read all 8,000 gangs'
+    # rendezvous ports to choose one).
+    addresses = {pk: f"10.{pk // 65536 % 256}.{pk // 256 % 256}.{pk % 256}" for pk in Node.objects.values_list("pk", flat=True)}
+    Node.objects.bulk_update([Node(pk=pk, address=a) for pk, a in addresses.items()], ["address"], batch_size=1000)
     total = nodes * 8
     root = unit_create(actor=None, name="Cluster", kind=UnitKind.ROOT, parent=None)
     quota_set(actor=None, unit=root, gpu_type="H100", guaranteed=total)
@@ -131,7 +136,7 @@ def build(*, nodes: int, running: int, pending: int) -> dict[str, Any]:
     gpus = list(Gpu.objects.order_by("node_id", "index").values_list("id", "node_id", "index"))
     tasks = Task.objects.bulk_create(
         (
-            Task(job=job, attempt=1, rank=0, node_id=node_id, state=TaskState.RUNNING, master_addr="10.0.0.1",
+            Task(job=job, attempt=1, rank=0, node_id=node_id, state=TaskState.RUNNING, master_addr=addresses[node_id],
                  master_port=20000 + i, gpu_indices=[index], started_at=job.started_at, pid=10000 + i)
             for i, (job, (_, node_id, index)) in enumerate(zip(jobs, gpus, strict=False))
         ),
