@@ -83,6 +83,9 @@ class PlanState:
         self._run_base: tuple[int, list[Release]] | None = None  # the same before any victim
         self._rel_cache: tuple[tuple[int, int], list[Release]] | None = None
         self._reclaimer: Reclaimer | None = None
+        self._bare_reclaimer: Reclaimer | None = None  # over no candidates: for preemptors that may take none
+        # GPUs per type that victims could give a preemptor (``PlanHolds._takeable``), counted at the first reclaim.
+        self._takeable_counts: tuple[dict[str, int], dict[str, int], dict[tuple[str, str], int], dict[str, int]] | None = None
         self._reclaims = 0  # preemptors so far (Config.max_reclaims)
         self._deferred: set[str] = set()  # jobs that could not preempt: the plan's reclaims were spent
         # Free GPUs only shrink while planning, so a shape that failed keeps failing:

@@ -74,6 +74,7 @@ def _blocked_walking(self: QuotaState, job: PendingJob):
 def reference_core() -> Iterator[None]:
     saved = (
         _Planner.lend_to_one_node,
+        _Planner.count_takeable,
         Reclaimer.count_in_one_leaf,
         backfill.COUNT_MULTI_NODE,
         backfill.COUNT_ONE_NODE,
@@ -83,6 +84,7 @@ def reference_core() -> Iterator[None]:
         QuotaState.blocked,
     )
     _Planner.lend_to_one_node = False
+    _Planner.count_takeable = False
     backfill.COUNT_MULTI_NODE = False
     backfill.COUNT_ONE_NODE = False
     Reclaimer.count_in_one_leaf = False
@@ -95,6 +97,7 @@ def reference_core() -> Iterator[None]:
     finally:
         (
             _Planner.lend_to_one_node,
+            _Planner.count_takeable,
             Reclaimer.count_in_one_leaf,
             backfill.COUNT_MULTI_NODE,
             backfill.COUNT_ONE_NODE,
@@ -302,6 +305,8 @@ def test_reference_core_puts_the_fast_paths_back():
             False,
         ) * 4
         assert backfill._apply is _apply_job_by_job
+        assert _Planner.count_takeable is False
+    assert _Planner.count_takeable is True
     assert (_Planner.lend_to_one_node, Reclaimer.count_in_one_leaf, backfill.COUNT_MULTI_NODE, backfill.COUNT_ONE_NODE) == (
         True,
     ) * 4
