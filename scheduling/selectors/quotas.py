@@ -29,6 +29,11 @@ def refresh_unit_keys() -> None:
     _SLUGS.update(OrgUnit.objects.values_list("id", "slug"))
 
 
+def unit_keys_now() -> dict[int, str]:
+    """Every unit's key as ``refresh_unit_keys`` last read them (a copy)."""
+    return dict(_SLUGS)
+
+
 def unit_key(unit_id: int) -> str:
     """The core's name for an org unit (and a job's team): its slug, so that every reason the scheduler
     writes names teams as people know them ("over team pretraining's quota"), never by id."""
