@@ -167,6 +167,32 @@ def test_the_one_statement_writes_nothing_for_a_key_already_used(cast, nodes):
     assert JobEvent.objects.filter(job__user=cast.ann, job__idempotency_key="once").count() == 1
 
 
+@pytest.mark.parametrize("copied", [False, True])
+def test_the_statement_with_its_nulls_written_in_is_the_one_with_them_bound(cast, nodes, copied):
+    import psycopg
+    from django.db import connection
+
+    from scheduling.services import job_insert, submit
+
+    spec, verdict, now = submit.job_admit(user=cast.ann, spec=submit.JobSpec(name="n", team=cast.org.team_a, command="true"))
+    copied_from = submit._insert_job(user=cast.ann, spec=spec, key="src", copied_from=None, now=now, verdict=verdict)
+    job = submit._new_job(
+        user=cast.ann, spec=spec, key="k", copied_from=copied_from if copied else None, now=now, verdict=verdict
+    )
+    values = job_insert.job_values(job)
+    nulls = tuple(v is None for v in values)
+    assert any(nulls) and not all(nulls)
+    tail = ["/ckpt", "/team", now, "PENDING", "why", cast.ann.pk, "ann", now, cast.ann.pk, "ann", cast.org.team_a.pk, "m", "{}"]
+    bound = [Job._meta.db_table, *values, *tail]
+    literal = [Job._meta.db_table, *(v for v in values if v is not None), *tail]
+    connection.ensure_connection()
+    cursor = psycopg.ClientCursor(connection.connection)
+    sent = cursor.mogrify(job_insert.insert_sql(nulls), literal)
+    assert sent == cursor.mogrify(job_insert.insert_sql((False,) * len(values)), bound)
+    # Few enough parameters that psycopg parses the statement once, not at every submission.
+    assert len(literal) <= psycopg._queries.MAX_CACHED_STATEMENT_PARAMS < len(bound)
+
+
 def test_the_compiled_reads_answer_as_the_orm_does(cast, nodes):
     from scheduling.selectors import quotas
     from tenants import selectors
