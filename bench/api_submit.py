@@ -16,7 +16,8 @@ with the same key, a broken connection is reopened and the job sent again with t
 The jobs go to a team whose limit lets it hold 8 GPUs, so the queue grows as they arrive (8 run, the
 rest wait; the cycles walk them all) and no workloads start: what is measured is the submission path,
 with the heartbeats and the cycles beside it. Before the clients start, the queue is filled with
-`--queued` PENDING jobs written straight into the database.
+`--queued` PENDING jobs written straight into the database, and the database is ANALYZEd, as a
+deployment's autovacuum would have done after such writes (bench/stack.py `Stack.analyze`).
 
 Figures:
 - jobs/s: jobs accepted (201, or 200 for a job a broken connection's retry found made) over the wall
@@ -26,6 +27,7 @@ Figures:
   after Retry-After included; server p50/p99: gunicorn's own time of each accepted request (access log);
 - web CPU per job: the web tier's CPU (gunicorn's processes) while the clients post, less what it spends
   on the fleet alone (measured for `--idle` seconds just before, at the same state), over the jobs.
+- the clients' CPU per job: this process's CPU while they post (its main thread only waits), over the jobs.
 
 Nothing here asserts a time.
 """
