@@ -16,7 +16,8 @@ with the same key, a broken connection is reopened and the job sent again with t
 The jobs go to a team whose limit lets it hold 8 GPUs, so the queue grows as they arrive (8 run, the
 rest wait; the cycles walk them all) and no workloads start: what is measured is the submission path,
 with the heartbeats and the cycles beside it. Before the clients start, the queue is filled with
-`--queued` PENDING jobs written straight into the database.
+`--queued` PENDING jobs written straight into the database, and the database is ANALYZEd, as a
+deployment's autovacuum would have done after such writes (bench/stack.py `Stack.analyze`).
 
 Figures:
 - jobs/s: jobs accepted (201, or 200 for a job a broken connection's retry found made) over the wall
@@ -26,6 +27,7 @@ Figures:
   after Retry-After included; server p50/p99: gunicorn's own time of each accepted request (access log);
 - web CPU per job: the web tier's CPU (gunicorn's processes) while the clients post, less what it spends
   on the fleet alone (measured for `--idle` seconds just before, at the same state), over the jobs.
+- the clients' CPU per job: this process's CPU while they post (its main thread only waits), over the jobs.
 
 Nothing here asserts a time.
 """
@@ -129,18 +131,19 @@ class Client(threading.Thread):
         self.errors.append("gave up after 50 tries")
 
 
-def post_all(stack: Stack, jobs: int, clients: int) -> tuple[float, list[Client]]:
-    """(the posting window's wall seconds, the clients) for `jobs` submissions over `clients` connections."""
+def post_all(stack: Stack, jobs: int, clients: int) -> tuple[float, float, list[Client]]:
+    """(the posting window's wall seconds, the clients' CPU seconds, the clients) for `jobs` submissions over
+    `clients` connections. The clients' CPU is this process's while they post: its main thread only waits."""
     share = [jobs // clients + (1 if i < jobs % clients else 0) for i in range(clients)]
     barrier = threading.Barrier(clients + 1)
     threads = [Client(stack.url, stack.token, n, label=f"api{i}", start=barrier) for i, n in enumerate(share)]
     for t in threads:
         t.start()
     barrier.wait()  # every client has its connection object; they send their first jobs now
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     for t in threads:
         t.join()
-    return max(t.ended for t in threads) - began, threads
+    return max(t.ended for t in threads) - began, time.process_time() - cpu, threads
 
 
 def server_times(stack: Stack, start: int) -> tuple[list[float], int]:
@@ -184,6 +187,7 @@ def main() -> None:
                 f"{args.clients} keep-alive HTTP clients, {args.queued} queued")  # fmt: skip
         stack.wait_ready()
         stack.token = stack.django(QUEUE_TEAM.format(queued=args.queued)).strip().splitlines()[-1]
+        stack.analyze()  # as autovacuum would have, after the registrations and the queue (bench/stack.py)
         print(f"code: {stack.env['PYTHONPATH']}; gunicorn {web} (its config's defaults); {os.cpu_count()} CPUs, "
               f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
         print(f"state: {nodes} nodes (agents heartbeating over HTTP in {fleets} fleet processes), {args.queued} jobs "
@@ -201,7 +205,7 @@ def main() -> None:
         cycles_at = len(stack.cycles())
         cpu_before = stack.component_cpu()
         beats_at = len(heartbeat_latencies(stack))
-        seconds, clients = post_all(stack, args.jobs, args.clients)
+        seconds, client_cpu, clients = post_all(stack, args.jobs, args.clients)
         cpu = {k: v - cpu_before.get(k, 0.0) for k, v in stack.component_cpu().items()}
         cycles = stack.cycles()[cycles_at:]
         time.sleep(1)  # the fleets write their stats files every second
@@ -224,7 +228,7 @@ def main() -> None:
           f"server (gunicorn's time): p50 {pct(taken, 50):.0f} ms, p99 {pct(taken, 99):.0f} ms")  # fmt: skip
     print(f"shed: {shed} answers 503/429, sent again after Retry-After ({shed_logged} in the access log); "
           f"{broken} broken connections; {queued} PENDING at the end")  # fmt: skip
-    print("CPU while posting: " + ", ".join(f"{k} {v:.1f} s" for k, v in sorted(cpu.items()))
+    print("CPU while posting: " + ", ".join(f"{k} {v:.1f} s" for k, v in sorted({**cpu, "clients": client_cpu}.items()))
           + f" (of {(os.cpu_count() or 1) * seconds:.0f} core-seconds); the fleet alone kept the web tier at {idle_rate:.2f} cores; "
           f"web CPU per job {1000 * web_job:.1f} ms (that subtracted; postgres counts only its backends alive at both ends)")  # fmt: skip
     print(f"cycles while posting: {len(cycles)}, {sum(c['total'] for c in cycles):.1f} s in all "
@@ -250,6 +254,12 @@ def main() -> None:
         sum(c["total"] for c in cycles) / seconds,
         "of the window",
         over="cycles' wall time over the posting window",
+    )
+    result(
+        "api_submit.client_cpu_ms_per_job",
+        1000 * client_cpu / max(accepted, 1),
+        "ms",
+        over="the bench's HTTP clients' CPU while posting, over the jobs",
     )
     result("api_submit.worker_cpu_s", cpu.get("worker", 0.0), "s", over="the Celery worker's CPU while the clients posted")
     result(

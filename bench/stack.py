@@ -317,6 +317,19 @@ print(token_create_service(actor=user, team=team, name="bench", expires_at=None)
         with psycopg.connect(f"{PG.rstrip('/')}/{self.db}", autocommit=True) as conn:
             return list(conn.execute(query, params).fetchall())
 
+    def analyze(self) -> None:
+        """ANALYZE the bench's database: what autovacuum does in a deployment after bulk writes (thousands of
+        queued jobs, hundreds of nodes registered). PostgreSQL servers run for CI often have autovacuum off
+        (this machine's does: conf.d/90-ci.conf), and without statistics the planner guesses row counts, so a
+        bench would measure plans no deployment runs (a sequential scan of every GPU for the admission
+        check's count of the unhealthy ones, where the partial index gpu_unhealthy answers from an empty index)."""
+        if self.database != "postgresql":
+            return
+        import psycopg
+
+        with psycopg.connect(f"{PG.rstrip('/')}/{self.db}", autocommit=True) as conn:
+            conn.execute("ANALYZE")
+
     def wait_ready(self, *, timeout: float = 300) -> float:
         began = time.monotonic()
         while time.monotonic() - began < timeout:

@@ -33,6 +33,7 @@ from scheduling.services.common import (
     IdempotencyConflict,
     cycle_request,
 )  # fmt: skip
+from scheduling.services.job_insert import insert_sql, job_values
 from scheduling.states import JobState
 from tenants.compiled import CompiledQuery
 from tenants.models import AuditEntry, OrgUnit
@@ -498,49 +499,6 @@ def _audit_of(job: Job, *, copied_from: Job | None, key: str | None) -> tuple[st
     )
 
 
-# The job's columns bound from Python, in order: all but its id and checkpoint directory, which the
-# statement makes from the sequence (the directory is named by the id).
-_BOUND = [f for f in Job._meta.concrete_fields if f.attname not in ("id", "checkpoint_dir")]
-_INSERT_SQL: dict[str, str] = {}
-
-
-def _insert_sql() -> str:
-    """job, submit event and audit entry in one statement (PostgreSQL), built once per process."""
-    sql = _INSERT_SQL.get("sql")
-    if sql is not None:
-        return sql
-    q = connection.ops.quote_name
-
-    def col(model: Any, name: str) -> str:
-        return q(model._meta.get_field(name).column)
-
-    job_table, event_table, audit_table = (q(m._meta.db_table) for m in (Job, JobEvent, AuditEntry))
-    columns = ", ".join(q(f.column) for f in _BOUND)
-    values = ", ".join(f"%s::{f.db_type(connection)}" for f in _BOUND)
-    event_cols = ", ".join(
-        col(JobEvent, n) for n in ("job", "time", "attempt", "from_state", "to_state", "reason", "actor", "actor_label")
-    )
-    audit_cols = ", ".join(
-        col(AuditEntry, n)
-        for n in ("time", "actor", "actor_label", "action", "object_type", "object_id", "unit", "message", "data")
-    )
-    sql = (
-        f"WITH new AS (SELECT nextval(pg_get_serial_sequence(%s, 'id')) AS id), "
-        f"j AS (INSERT INTO {job_table} ({columns}, {col(Job, 'id')}, {col(Job, 'checkpoint_dir')}) "
-        f"SELECT {values}, new.id, COALESCE(%s, %s || '/' || new.id::text) FROM new "
-        # The Idempotency-Key's unique constraint: a concurrent request's job with it wins, and this
-        # statement writes nothing (no savepoint needed to survive the violation).
-        f"ON CONFLICT DO NOTHING RETURNING {col(Job, 'id')} AS id, {col(Job, 'checkpoint_dir')} AS dir), "
-        f"e AS (INSERT INTO {event_table} ({event_cols}) "
-        f"SELECT j.id, %s, 1, '', %s, %s, %s, %s FROM j RETURNING {col(JobEvent, 'id')} AS id), "
-        f"a AS (INSERT INTO {audit_table} ({audit_cols}) "
-        f"SELECT %s, %s, %s, 'job.submit', 'job', j.id::text, %s, %s, %s::jsonb FROM j) "
-        "SELECT j.id, j.dir, e.id FROM j, e"
-    )
-    _INSERT_SQL["sql"] = sql
-    return sql
-
-
 def _insert_job(
     *,
     user: User,
@@ -563,13 +521,14 @@ def _insert_job(
     reason = f"submitted; {verdict.reason}"
     label = user.get_username()
     data_field = AuditEntry._meta.get_field("data")
+    values = job_values(job)
     params: list[Any] = [Job._meta.db_table]
-    params += [f.get_db_prep_save(f.pre_save(job, True), connection) for f in _BOUND]
+    params += [v for v in values if v is not None]  # the NULLs are literals (scheduling/services/job_insert.py)
     params += [posixpath.normpath(spec.checkpoint_dir) if spec.checkpoint_dir else None, str(_team_dir(spec.team))]
     params += [now, JobState.PENDING, reason, user.pk, label]
     params += [timezone.now(), user.pk, label, spec.team.pk, message, data_field.get_db_prep_save(data, connection)]
     with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(), params)
+        cursor.execute(insert_sql(tuple(v is None for v in values)), params)
         row = cursor.fetchone()
     if row is None:
         return None

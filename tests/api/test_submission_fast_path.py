@@ -8,6 +8,7 @@ from rest_framework import serializers
 from rest_framework.test import APIRequestFactory
 
 from scheduling.api import serializers as s
+from scheduling.api.fields_once import FieldsBuiltOnce
 from scheduling.cycle import run_cycle_once
 from scheduling.models import Job, JobEvent, Node
 from tenants.services import quota_set
@@ -36,11 +37,13 @@ def test_a_cluster_that_shrank_refuses_a_job_it_took_before(cast, nodes):
     assert "the whole cluster has 8" in refused.json()["message"]
 
 
-class _BuiltByDrf(s.JobSubmitOut):
-    """JobSubmitOut with its fields built as DRF builds them, at every instance."""
-
-    def get_fields(self):
-        return serializers.ModelSerializer.get_fields(self)
+def _as_drf_builds_it(job, context, monkeypatch) -> dict:
+    """JobSubmitOut's answer with every serializer's fields built and bound as DRF does, at every instance
+    (no FieldsBuiltOnce: its fields built once, its plain fields bound once), nested ones included."""
+    with monkeypatch.context() as m:
+        m.setattr(FieldsBuiltOnce, "get_fields", lambda self: super(FieldsBuiltOnce, self).get_fields())
+        m.setattr(FieldsBuiltOnce, "to_representation", serializers.Serializer.to_representation)
+        return s.JobSubmitOut(job, context=context).data
 
 
 def _placed_job(cast) -> Job:
@@ -49,12 +52,33 @@ def _placed_job(cast) -> Job:
     return Job.objects.prefetch_related("tasks__allocations__gpu", "tasks__node__leaf", "events").get(pk=response.json()["id"])
 
 
-def test_a_job_answer_is_the_one_drf_would_build(cast, nodes):
+def test_a_job_answer_is_the_one_drf_would_build(cast, nodes, monkeypatch):
     job = _placed_job(cast)
     request = APIRequestFactory().get("/")
     context = {"viewer": cast.ann, "request": request, "translated_from": "slurm", "warnings": ["--mail-user: ignored"]}
     assert job.tasks.count() == 2
-    assert s.JobSubmitOut(job, context=context).data == _BuiltByDrf(job, context=context).data
+    fast, drf = s.JobSubmitOut(job, context=context).data, _as_drf_builds_it(job, context, monkeypatch)
+    assert (fast, list(fast)) == (drf, list(drf))
+    assert len(fast["tasks"]) == 2 and fast["translated_from"] == "slurm"
+
+
+def test_an_ended_job_with_every_kind_of_value_answers_as_drf_would(cast, nodes, monkeypatch):
+    from django.utils import timezone
+
+    job = _placed_job(cast)
+    now = timezone.now()
+    Job.objects.filter(pk=job.pk).update(
+        state="FAILED", exit_code=3, started_at=now, ended_at=now, estimated_start=now, env={"A": "1", "B": ""},
+        image="docker.io/library/python:3.12", container_mounts=[{"source": "/d", "target": "/d", "readonly": True}],
+        container_workdir="/w", priority=-5, borrowed=True, locality="leaf", stop_reason="user", leaves_spanned=2,
+    )  # fmt: skip
+    job = Job.objects.prefetch_related("tasks__allocations__gpu", "tasks__node__leaf", "events").get(pk=job.pk)
+    context = {"viewer": cast.ann, "request": None, "translated_from": None, "warnings": []}
+    fast, drf = s.JobSubmitOut(job, context=context).data, _as_drf_builds_it(job, context, monkeypatch)
+    assert (fast, list(fast)) == (drf, list(drf))
+    assert (fast["exit_code"], fast["env"], fast["borrowed"], fast["ended_at"][-1]) == (3, {"A": "1", "B": ""}, True, "Z")
+    many = s.JobOut([job, job], many=True).data
+    assert [dict(x) for x in many] == [{k: fast[k] for k in s.JobOut.Meta.fields}] * 2
 
 
 def test_two_answers_made_at_once_keep_their_own_job_and_context(cast, nodes):
@@ -165,6 +189,32 @@ def test_the_one_statement_writes_nothing_for_a_key_already_used(cast, nodes):
     assert first is not None and again is None
     assert Job.objects.filter(user=cast.ann, idempotency_key="once").count() == 1
     assert JobEvent.objects.filter(job__user=cast.ann, job__idempotency_key="once").count() == 1
+
+
+@pytest.mark.parametrize("copied", [False, True])
+def test_the_statement_with_its_nulls_written_in_is_the_one_with_them_bound(cast, nodes, copied):
+    import psycopg
+    from django.db import connection
+
+    from scheduling.services import job_insert, submit
+
+    spec, verdict, now = submit.job_admit(user=cast.ann, spec=submit.JobSpec(name="n", team=cast.org.team_a, command="true"))
+    copied_from = submit._insert_job(user=cast.ann, spec=spec, key="src", copied_from=None, now=now, verdict=verdict)
+    job = submit._new_job(
+        user=cast.ann, spec=spec, key="k", copied_from=copied_from if copied else None, now=now, verdict=verdict
+    )
+    values = job_insert.job_values(job)
+    nulls = tuple(v is None for v in values)
+    assert any(nulls) and not all(nulls)
+    tail = ["/ckpt", "/team", now, "PENDING", "why", cast.ann.pk, "ann", now, cast.ann.pk, "ann", cast.org.team_a.pk, "m", "{}"]
+    bound = [Job._meta.db_table, *values, *tail]
+    literal = [Job._meta.db_table, *(v for v in values if v is not None), *tail]
+    connection.ensure_connection()
+    cursor = psycopg.ClientCursor(connection.connection)
+    sent = cursor.mogrify(job_insert.insert_sql(nulls), literal)
+    assert sent == cursor.mogrify(job_insert.insert_sql((False,) * len(values)), bound)
+    # Few enough parameters that psycopg parses the statement once, not at every submission.
+    assert len(literal) <= psycopg._queries.MAX_CACHED_STATEMENT_PARAMS < len(bound)
 
 
 def test_the_compiled_reads_answer_as_the_orm_does(cast, nodes):
