@@ -252,15 +252,21 @@ class FaultAnswersMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        if isinstance(exception, DATABASE_DOWN):
-            log.warning("database unreachable on %s %s: %s", request.method, request.path, exception)
-            return unavailable(request, exception)
-        if CACHE_DOWN and isinstance(exception, CACHE_DOWN):
-            log.warning("cache unreachable on %s %s: %s", request.method, request.path, exception)
-            return unavailable(request, exception)
-        if isinstance(exception, RequestDataTooBig):
-            return too_large(request)
-        return None
+        return fault_answer(request, exception)
+
+
+def fault_answer(request: HttpRequest, exception: Exception) -> HttpResponse | None:
+    """FaultAnswersMiddleware's answer to what a view raised: 503 for the database or the cache, 413 for
+    a body too large; None for anything else (Django's own handling)."""
+    if isinstance(exception, DATABASE_DOWN):
+        log.warning("database unreachable on %s %s: %s", request.method, request.path, exception)
+        return unavailable(request, exception)
+    if CACHE_DOWN and isinstance(exception, CACHE_DOWN):
+        log.warning("cache unreachable on %s %s: %s", request.method, request.path, exception)
+        return unavailable(request, exception)
+    if isinstance(exception, RequestDataTooBig):
+        return too_large(request)
+    return None
 
 
 class ContentSecurityPolicyMiddleware(CSPMiddleware):
