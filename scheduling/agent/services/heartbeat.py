@@ -409,7 +409,7 @@ def node_heartbeat_by_token(*, token_hash: str, heartbeat: Heartbeat, now: datet
 
     A quiet heartbeat (no telemetry, and nothing it reports changes anything: ``_quiet``, the same
     decisions ``_heartbeat`` takes) is those two statements and no transaction: the liveness UPDATE
-    commits by itself, then the live tasks are read. BEGIN and COMMIT were two more round trips, a tenth
+    commits by itself, then the live tasks are read. BEGIN and COMMIT were two more round trips, about 8 %
     of the beat's CPU, on the call every node makes every few seconds, and they guarded only writes,
     which a quiet beat has none of. What it gives up: its read of the tasks no longer holds the node's
     row lock, so a change to the node committed between the two statements (an admin's drain, which
