@@ -168,8 +168,11 @@ def web_inflight_limit() -> int:
 def _until_deadline(request: HttpRequest) -> float | None:
     """Seconds left until an agent's call's X-Yard-Deadline (the portal's clock, nodeagent/client.py),
     past which its agent no longer waits for the answer and counts the call as silence; None: none given."""
-    raw = request.headers.get("X-Yard-Deadline")
-    if not raw or not request.path.startswith(AGENT_PATH):
+    if not request.path.startswith(AGENT_PATH):
+        return None
+    # From META, not request.headers: that builds a dict of every header on first use, a cost on each heartbeat.
+    raw = request.META.get("HTTP_X_YARD_DEADLINE")
+    if not raw:
         return None
     try:
         deadline = float(raw)
@@ -252,15 +255,21 @@ class FaultAnswersMiddleware:
         return self.get_response(request)
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
-        if isinstance(exception, DATABASE_DOWN):
-            log.warning("database unreachable on %s %s: %s", request.method, request.path, exception)
-            return unavailable(request, exception)
-        if CACHE_DOWN and isinstance(exception, CACHE_DOWN):
-            log.warning("cache unreachable on %s %s: %s", request.method, request.path, exception)
-            return unavailable(request, exception)
-        if isinstance(exception, RequestDataTooBig):
-            return too_large(request)
-        return None
+        return fault_answer(request, exception)
+
+
+def fault_answer(request: HttpRequest, exception: Exception) -> HttpResponse | None:
+    """FaultAnswersMiddleware's answer to what a view raised: 503 for the database or the cache, 413 for
+    a body too large; None for anything else (Django's own handling)."""
+    if isinstance(exception, DATABASE_DOWN):
+        log.warning("database unreachable on %s %s: %s", request.method, request.path, exception)
+        return unavailable(request, exception)
+    if CACHE_DOWN and isinstance(exception, CACHE_DOWN):
+        log.warning("cache unreachable on %s %s: %s", request.method, request.path, exception)
+        return unavailable(request, exception)
+    if isinstance(exception, RequestDataTooBig):
+        return too_large(request)
+    return None
 
 
 class ContentSecurityPolicyMiddleware(CSPMiddleware):

@@ -73,6 +73,9 @@ MIDDLEWARE = [
     "portal.middleware.FaultAnswersMiddleware",
     # Under gunicorn: a worker sheds what it cannot start at once, heartbeats aside (fast 503 + Retry-After).
     "portal.middleware.AdmissionMiddleware",
+    # The agent API's calls go from here straight to their view (token-authenticated JSON: no session,
+    # user, CSRF, messages, htmx or sign-in lockout below); portal/agent_middleware.py says what they keep.
+    "portal.agent_middleware.AgentApiMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

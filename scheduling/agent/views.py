@@ -40,9 +40,13 @@ def _error(code: str, status: int, **extra: Any) -> HttpResponse:
     return response
 
 
+# separators: a heartbeat answer goes to every node every few seconds; spaces are bytes for nothing. One
+# encoder for all answers (json.dumps with any option makes a new one each call): the same text.
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def _ok(body: dict[str, Any], status: int = 200) -> HttpResponse:
-    # separators: a heartbeat answer goes to every node every few seconds; spaces are bytes for nothing
-    return HttpResponse(json.dumps(body, separators=(",", ":")), status=status, content_type=JSON)
+    return HttpResponse(_ENCODE(body), status=status, content_type=JSON)
 
 
 Handler = Callable[..., HttpResponse]

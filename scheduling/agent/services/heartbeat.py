@@ -249,6 +249,35 @@ def _store_dev_facts(task: Task, report: DevReport) -> bool:
 
 def _store_task_facts(*, live: Sequence[Task], reports: Sequence[TaskReport]) -> None:
     """Checkpoint times, notebook activity and real use from the agent's view of its live tasks."""
+    tasks, jobs, service_changes = _task_fact_changes(live=live, reports=reports)
+    if tasks:
+        notebook_fields = ["checkpoint_at", "notebook_url", "notebook_kernel_busy", "notebook_last_activity"]
+        Task.objects.bulk_update(tasks, [*notebook_fields, *SERVICE_FIELDS, *DEV_FIELDS, *USE_FIELDS])
+    if service_changes - {None}:
+        # A replica became ready, stopped answering or restarted: the controller acts now, not at its tick.
+        serving_request(service_ids=sorted(i for i in service_changes if i is not None))
+    if jobs:
+        # Only this field, and only forward (two ranks' agents may report in either order), in one
+        # statement for all of them. The job's state belongs to the scheduling services.
+        Job.objects.filter(pk__in=list(jobs)).update(
+            last_checkpoint_at=Case(
+                *(
+                    When(
+                        pk=pk,
+                        then=Greatest(Coalesce("last_checkpoint_at", Value(j.last_checkpoint_at)), Value(j.last_checkpoint_at)),
+                    )
+                    for pk, j in jobs.items()
+                ),
+                default=F("last_checkpoint_at"),
+            )
+        )
+
+
+def _task_fact_changes(
+    *, live: Sequence[Task], reports: Sequence[TaskReport]
+) -> tuple[list[Task], dict[int, Job], set[int | None]]:
+    """The tasks whose facts the reports change (set on them), the jobs with a later checkpoint, and the
+    services with a replica that changed: nothing to write when the first is empty."""
     by_key = {r.key: r for r in reports}
     tasks: list[Task] = []
     jobs: dict[int, Job] = {}
@@ -283,27 +312,7 @@ def _store_task_facts(*, live: Sequence[Task], reports: Sequence[TaskReport]) ->
                 changed = True
         if changed:
             tasks.append(task)
-    if tasks:
-        notebook_fields = ["checkpoint_at", "notebook_url", "notebook_kernel_busy", "notebook_last_activity"]
-        Task.objects.bulk_update(tasks, [*notebook_fields, *SERVICE_FIELDS, *DEV_FIELDS, *USE_FIELDS])
-    if service_changes - {None}:
-        # A replica became ready, stopped answering or restarted: the controller acts now, not at its tick.
-        serving_request(service_ids=sorted(i for i in service_changes if i is not None))
-    if jobs:
-        # Only this field, and only forward (two ranks' agents may report in either order), in one
-        # statement for all of them. The job's state belongs to the scheduling services.
-        Job.objects.filter(pk__in=list(jobs)).update(
-            last_checkpoint_at=Case(
-                *(
-                    When(
-                        pk=pk,
-                        then=Greatest(Coalesce("last_checkpoint_at", Value(j.last_checkpoint_at)), Value(j.last_checkpoint_at)),
-                    )
-                    for pk, j in jobs.items()
-                ),
-                default=F("last_checkpoint_at"),
-            )
-        )
+    return tasks, jobs, service_changes
 
 
 def _next_state(*, node: Node, live: Sequence[Task], heartbeat: Heartbeat) -> tuple[str, str]:
@@ -344,14 +353,15 @@ def _settle_never_started(*, live: Sequence[Task], reports: Sequence[TaskReport]
     task it never started (docs/agent-api.md), so nobody would ever report such a rank: without this
     it would hold its GPUs forever. A rank the agent did start is in the list, and ends by its report.
     """
+    ended = _never_started(live=live, reports=reports)
+    for task in ended:
+        scheduling_services.task_mark_exited(task=task, exit_code=None, signal=None, stopped_by="", ended_at=now)
+    return [task for task in live if task not in ended] if ended else list(live)
+
+
+def _never_started(*, live: Sequence[Task], reports: Sequence[TaskReport]) -> list[Task]:
     reported = {r.key for r in reports}
-    keep: list[Task] = []
-    for task in live:
-        if task.state == TaskState.STOPPING and task.started_at is None and (task.pk, task.attempt) not in reported:
-            scheduling_services.task_mark_exited(task=task, exit_code=None, signal=None, stopped_by="", ended_at=now)
-        else:
-            keep.append(task)
-    return keep
+    return [t for t in live if t.state == TaskState.STOPPING and t.started_at is None and (t.pk, t.attempt) not in reported]
 
 
 @transaction.atomic
@@ -390,15 +400,63 @@ def _node_statement() -> tuple[str, list[tuple[int, list[Any], Any]]]:
     return state[1], state[2]
 
 
-@transaction.atomic
 def node_heartbeat_by_token(*, token_hash: str, heartbeat: Heartbeat, now: datetime | None = None) -> HeartbeatResult | None:
     """The heartbeat of the node whose token hashes to ``token_hash``, or None for no such node.
 
     The node's lookup and its liveness are one statement (UPDATE … RETURNING): it finds the node by its
     token, takes its row lock (see node_heartbeat) and reads its current state, in one round trip
     instead of three on the path every node calls every few seconds.
+
+    A quiet heartbeat (no telemetry, and nothing it reports changes anything: ``_quiet``, the same
+    decisions ``_heartbeat`` takes) is those two statements and no transaction: the liveness UPDATE
+    commits by itself, then the live tasks are read. BEGIN and COMMIT were two more round trips, about 8 %
+    of the beat's CPU, on the call every node makes every few seconds, and they guarded only writes,
+    which a quiet beat has none of. What it gives up: its read of the tasks no longer holds the node's
+    row lock, so a change to the node committed between the two statements (an admin's drain, which
+    locks the row) shows in its task list while its node_state is from just before; the agent's next
+    beat sees both. Anything else is decided and written as before: in one transaction whose first
+    statement is the liveness UPDATE, which reads the node and its tasks anew (and writes the same
+    time again).
     """
     now = now or timezone.now()
+    if not (heartbeat.gpus or heartbeat.windows):  # telemetry is always written
+        node = _liveness(token_hash=token_hash, now=now)
+        if node is None:
+            return None
+        live = live_tasks_of(node=node)
+        if _quiet(node=node, live=live, heartbeat=heartbeat):
+            node.last_heartbeat = now
+            return _result(node=node, live=live)
+    return _node_heartbeat_by_token(token_hash=token_hash, heartbeat=heartbeat, now=now)
+
+
+@transaction.atomic
+def _node_heartbeat_by_token(*, token_hash: str, heartbeat: Heartbeat, now: datetime) -> HeartbeatResult | None:
+    node = _liveness(token_hash=token_hash, now=now)
+    if node is None:
+        return None
+    return _heartbeat(node=node, heartbeat=heartbeat, now=now)
+
+
+def _quiet(*, node: Node, live: Sequence[Task], heartbeat: Heartbeat) -> bool:
+    """Whether ``_heartbeat`` would write nothing for this heartbeat: asked of the same functions it decides
+    with (tests/agent_api/test_quiet_heartbeat.py holds the two together, change by change). Facts it
+    finds changed are set on ``live``'s tasks; those are then thrown away, and the transaction reads anew."""
+    reports = heartbeat.tasks
+    return not (
+        heartbeat.gpus
+        or heartbeat.windows
+        or (heartbeat.draining_reason and not node.hold_reason)
+        or _next_state(node=node, live=live, heartbeat=heartbeat)[0] != node.state
+        or _node_health_changes(node=node, heartbeat=heartbeat)
+        or _never_started(live=live, reports=reports)
+        or _started_reports(live, reports)
+        or _task_fact_changes(live=live, reports=reports)[0]
+    )
+
+
+def _liveness(*, token_hash: str, now: datetime) -> Node | None:
+    """The liveness UPDATE … RETURNING of the node whose token hashes to ``token_hash``: the node, or None."""
     sql, converters = _node_statement()
     with connection.cursor() as cursor:
         cursor.execute(sql, [now, token_hash])
@@ -409,8 +467,7 @@ def node_heartbeat_by_token(*, token_hash: str, heartbeat: Heartbeat, now: datet
     for i, convs, col in converters:
         for convert in convs:
             values[i] = convert(values[i], col, connection)
-    node = Node.from_db(connection.alias, _NODE_NAMES, values)
-    return _heartbeat(node=node, heartbeat=heartbeat, now=now)
+    return Node.from_db(connection.alias, _NODE_NAMES, values)
 
 
 def _heartbeat(*, node: Node, heartbeat: Heartbeat, now: datetime) -> HeartbeatResult:
@@ -452,6 +509,10 @@ def _heartbeat(*, node: Node, heartbeat: Heartbeat, now: datetime) -> HeartbeatR
     if critical:
         _drain_for_xids(node=node, critical=critical, now=now)
     _store_task_facts(live=live, reports=heartbeat.tasks)
+    return _result(node=node, live=live)
+
+
+def _result(*, node: Node, live: list[Task]) -> HeartbeatResult:
     gangs = gang_nodes(live)
     return HeartbeatResult(
         node_state=node.state, live_tasks=live, desired=[task_spec(task, gangs.get((task.job_id, task.attempt))) for task in live]
@@ -461,6 +522,14 @@ def _heartbeat(*, node: Node, heartbeat: Heartbeat, now: datetime) -> HeartbeatR
 def _store_node_health(*, node: Node, heartbeat: Heartbeat) -> None:
     """The agent's disk problem, its container runtime and the measured skew of its clock, written only
     when they change."""
+    changes = _node_health_changes(node=node, heartbeat=heartbeat)
+    if changes:
+        Node.objects.filter(pk=node.pk).update(**changes)
+        for name, value in changes.items():
+            setattr(node, name, value)
+
+
+def _node_health_changes(*, node: Node, heartbeat: Heartbeat) -> dict[str, Any]:
     changes: dict[str, Any] = {}
     disk = (heartbeat.disk_problem or "")[:255]
     if disk != node.disk_problem:
@@ -473,10 +542,7 @@ def _store_node_health(*, node: Node, heartbeat: Heartbeat) -> None:
     skew = heartbeat.clock_skew_s
     if skew is not None and (node.clock_skew_s is None or abs(skew - node.clock_skew_s) >= SKEW_CORRECTED_S / 2):
         changes["clock_skew_s"] = round(skew, 3)
-    if changes:
-        Node.objects.filter(pk=node.pk).update(**changes)
-        for name, value in changes.items():
-            setattr(node, name, value)
+    return changes
 
 
 def _started_reports(live: Sequence[Task], reports: Sequence[TaskReport]) -> dict[int, scheduling_services.StartReport]:
