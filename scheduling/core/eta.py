@@ -254,7 +254,6 @@ class _Model:
         grace_end = now + self.cfg.grace_period_s
         victims = {p.job_id for p in result.preemptions}
         reserved_locs: set[Loc] = {loc[g] for r in result.reservations for g in r.gpus if g in loc}
-        limited = self.ix.limited
         busy: list[Loc] = []
         held: dict[Loc, tuple[int, int]] = dict(found.held)
         releases: list[Release] = []
@@ -275,27 +274,10 @@ class _Model:
             if reserved_locs and not reserved_locs.isdisjoint(mine):
                 mine = tuple([x for x in mine if x not in reserved_locs])
             releases.append(Release(end, j.job_id, mine))
-            holdings.append(_Holding(j.job_id, j.team, j.gpu_type, sum(map(len, j.replicas)), end, j.tier))
-        for p in result.placements:
-            job = pending.get(p.job_id)
-            locs = _locs(loc, (g for r in p.replicas for g in r))
-            end = now + (job.time_limit if job is not None else 0.0)
-            busy.extend(locs)
-            if job is not None and limited:
-                carried(held, loc, p.replicas, job.cpus_per_replica, job.memory_mb_per_replica)
-            releases.append(Release(end, p.job_id, tuple(x for x in locs if x not in reserved_locs)))
-            if job is not None:
-                holdings.append(_Holding(p.job_id, job.team, job.gpu_type, job.gpu_count, end, job.tier))
-        for r in result.reservations:
-            job = pending.get(r.job_id)
-            end = r.earliest_start + (job.time_limit if job is not None else 0.0)
-            locs = _locs(loc, r.gpus)
-            busy.extend(locs)
-            releases.append(Release(end, r.job_id, tuple(locs)))
-            if now < end < self.horizon:
-                self.horizon = end
-            if job is not None:
-                holdings.append(_Holding(r.job_id, job.team, job.gpu_type, job.gpu_count, end, job.tier))
+            holdings.append(_holding_of(j, end))
+        planned, planned_holdings = self._planned(result, pending, reserved_locs, busy, held)
+        releases.extend(planned)
+        holdings.extend(planned_holdings)
         releases.sort(key=_END_AND_ID)
         self.releases = releases
         self.free = FreeState(self.ix, busy, held)
@@ -357,6 +339,30 @@ class _Model:
             h = _holding_of(jobs[job_id], end)
             for unit in self.quota.chain(h.team):
                 overlay.setdefault((unit, h.gpu_type), []).append(h)
+        planned, planned_holdings = self._planned(result, pending, reserved_locs, busy, held)
+        adds.extend(planned)
+        for h in planned_holdings:
+            for unit in self.quota.chain(h.team):
+                overlay.setdefault((unit, h.gpu_type), []).append(h)
+        for add in adds:  # (after equal keys: the order a stable sort of running, placed, reserved gives)
+            insort(releases, add, key=_END_AND_ID)
+        self.releases = releases
+        self.free = FreeState(self.ix, busy, held)
+
+    def _planned(
+        self,
+        result: Plan,
+        pending: Mapping[str, PendingJob],
+        reserved_locs: set[Loc],
+        busy: list[Loc],
+        held: dict[Loc, tuple[int, int]],
+    ) -> tuple[list[Release], list[_Holding]]:
+        """The plan's placements (from ``now``) and reservations (from their start), each for its time
+        limit: their releases and holdings; their GPUs added to ``busy`` (and a placement's cores and
+        memory to ``held``), a reservation's end to the horizon."""
+        loc, now = self.ix.gpu_loc, self.now
+        releases: list[Release] = []
+        holdings: list[_Holding] = []
         for p in result.placements:
             job = pending.get(p.job_id)
             locs = _locs(loc, (g for r in p.replicas for g in r))
@@ -364,27 +370,20 @@ class _Model:
             busy.extend(locs)
             if job is not None and self.ix.limited:
                 carried(held, loc, p.replicas, job.cpus_per_replica, job.memory_mb_per_replica)
-            adds.append(Release(end, p.job_id, tuple(x for x in locs if x not in reserved_locs)))
+            releases.append(Release(end, p.job_id, tuple(x for x in locs if x not in reserved_locs)))
             if job is not None:
-                h = _Holding(p.job_id, job.team, job.gpu_type, job.gpu_count, end, job.tier)
-                for unit in self.quota.chain(h.team):
-                    overlay.setdefault((unit, h.gpu_type), []).append(h)
+                holdings.append(_Holding(p.job_id, job.team, job.gpu_type, job.gpu_count, end, job.tier))
         for r in result.reservations:
             job = pending.get(r.job_id)
             end = r.earliest_start + (job.time_limit if job is not None else 0.0)
             locs = _locs(loc, r.gpus)
             busy.extend(locs)
-            adds.append(Release(end, r.job_id, tuple(locs)))
+            releases.append(Release(end, r.job_id, tuple(locs)))
             if now < end < self.horizon:
                 self.horizon = end
             if job is not None:
-                h = _Holding(r.job_id, job.team, job.gpu_type, job.gpu_count, end, job.tier)
-                for unit in self.quota.chain(h.team):
-                    overlay.setdefault((unit, h.gpu_type), []).append(h)
-        for add in adds:  # (after equal keys: the order a stable sort of running, placed, reserved gives)
-            insort(releases, add, key=_END_AND_ID)
-        self.releases = releases
-        self.free = FreeState(self.ix, busy, held)
+                holdings.append(_Holding(r.job_id, job.team, job.gpu_type, job.gpu_count, end, job.tier))
+        return releases, holdings
 
     def holdings(self, key: tuple[str, str]) -> list[_Holding]:
         """What the unit ``key[0]`` holds of type ``key[1]`` (its teams' running jobs, placements and
