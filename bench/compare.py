@@ -40,6 +40,7 @@ BENCHES: dict[str, tuple[list[str], list[str]]] = {
     "container_start": ([], ["--runs", "3"]),
     "service_proxy": ([], ["--quick"]),
     "whatif": ([], ["--quick"]),
+    "sim_replay": ([], ["--quick"]),
 }
 
 

@@ -108,3 +108,30 @@ def test_the_targets_and_verdicts_tables_set_each_metric_against_its_best_baseli
     verdicts = [c.strip() for c in verdicts_table(rows).splitlines()[-1].strip("|").split("|")][4:]
     assert set(verdicts) <= {"ahead", "tie", "behind easy-blind", "–"}
     assert all(" vs easy-blind" in c or "easy-blind" in c for c in targets_table(rows).splitlines()[-1].split("|")[5:-1])
+
+
+def test_trace_slowdowns_apply_to_the_trace_alone() -> None:
+    from scheduling.sim.cli import parser, tasks
+
+    args = ["--nodes", "192", "--policies", "yardmaster", "--time-limits", "estimate", "--trace-slowdowns", "0,0.25"]
+    got = {(t.workload, t.slowdown) for t in tasks(parser().parse_args(args))}
+    assert got == {("philly", 0.0), ("philly", 0.25)} | {(w, s) for w in ("gang-heavy", "gang-heavy-b") for s in (0.0, 0.1, 0.25)}
+    plain = {(t.workload, t.slowdown) for t in tasks(parser().parse_args(args[:-2]))}
+    assert ("philly", 0.1) in plain and len(plain) == 9
+
+
+def test_make_eval_asks_every_policy_on_every_workload_it_names() -> None:
+    import shlex
+
+    from scheduling.sim.cli import parser, tasks
+    from scheduling.sim.policies import NAMES
+
+    line = next(ln for ln in (Path(__file__).parents[2] / "Makefile").read_text().splitlines() if "--out docs/eval " in ln + " ")
+    argv = shlex.split(line.split("-m scheduling.sim", 1)[1].replace("$(EVAL_JOBS)", "2"))
+    work = tasks(parser().parse_args(argv))
+    rows = {(t.workload, t.nodes, t.slowdown) for t in work}
+    assert {(w, n) for w, n, _ in rows} == {("philly", 192), ("philly", 160), ("gang-heavy", 100), ("gang-heavy-b", 100)}
+    # Every policy on every row: no baseline left out of a verdict.
+    assert {(t.workload, t.nodes, t.slowdown, t.policy) for t in work} == {(*r, p) for r in rows for p in NAMES}
+    assert {s for w, _, s in rows if w.startswith("gang-heavy")} == {0.0, 0.1, 0.25}
+    assert {s for w, _, s in rows if w == "philly"} == {0.0, 0.25}
