@@ -277,19 +277,23 @@ def _write_reasons(rows: list[tuple[int, str, float | None, str]]) -> int:
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
-                f"SELECT {pk} FROM {table} WHERE {pk} = ANY(%s) AND {state} = %s ORDER BY {pk} FOR UPDATE",
+                f"SELECT {pk} FROM {table} WHERE {pk} = ANY(%s::bigint[]) AND {state} = %s ORDER BY {pk} FOR UPDATE",
                 [[row[0] for row in rows], JobState.PENDING.value],
             )
             still = {found for (found,) in cursor.fetchall()}
             kept = [row for row in rows if row[0] in still]
+            # ``= ANY`` besides the join: the rows are found by the primary key's index whatever the
+            # planner guesses of the arrays and the table (a hash join over a scan of every job, else).
+            ids = [row[0] for row in kept]
             cursor.execute(
                 f"UPDATE {table} SET {sets} FROM unnest(%s::bigint[], %s::text[], %s::timestamptz[], %s::text[]) "
-                f"AS v (id, reason, estimated, domain) WHERE {table}.{pk} = v.id",
+                f"AS v (id, reason, estimated, domain) WHERE {table}.{pk} = ANY(%s::bigint[]) AND {table}.{pk} = v.id",
                 [
-                    [row[0] for row in kept],
+                    ids,
                     [row[1] for row in kept],
                     [datetime.fromtimestamp(row[2], tz=UTC) if row[2] is not None else None for row in kept],
                     [row[3] for row in kept],
+                    ids,
                 ],
             )
             return int(cursor.rowcount)
