@@ -309,8 +309,9 @@ def running_locs(ix: TopoIndex, running: tuple[RunningJob, ...]) -> RunningLocs:
     for j in sorted(running, key=_JOB_ID):
         kept = last.get(j.job_id)
         if kept is None or kept[0] is not j:
-            carries: dict[Loc, tuple[int, int]] = {}
-            if limited:
+            carries: dict[Loc, tuple[int, int]] = _NONE_CARRIED
+            if limited and (j.cpus_per_replica > 0 or j.memory_mb_per_replica > 0):
+                carries = {}
                 carried(carries, gpu_loc, j.replicas, j.cpus_per_replica, j.memory_mb_per_replica)
             kept = (j, _locs(gpu_loc, j.replicas), carries)
         per_job[j.job_id] = kept
@@ -323,6 +324,8 @@ def running_locs(ix: TopoIndex, running: tuple[RunningJob, ...]) -> RunningLocs:
     _PER_JOB[:] = [(ix, per_job)]
     return found
 
+
+_NONE_CARRIED: dict[Loc, tuple[int, int]] = {}  # (shared, never written: a job that carries nothing)
 
 # Each job's GPUs and what they carry, by job id, from the last ``running_locs`` (with its index).
 _PER_JOB: list[tuple[TopoIndex, dict[str, tuple[RunningJob, tuple[Loc, ...], dict[Loc, tuple[int, int]]]]]] = []
